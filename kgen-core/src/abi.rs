@@ -1,0 +1,157 @@
+//! The compiled-kernel value: PTX text, entry name, parameter ABI, launch hints and the
+//! specialization it was compiled for. The runtime reads only this.
+
+use crate::target::Arch;
+use crate::types::DType;
+use std::fmt;
+
+/// A compile-time argument value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ConstArg {
+    Int(i64),
+    Bool(bool),
+    DType(DType),
+}
+
+impl fmt::Display for ConstArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConstArg::Int(v) => write!(f, "{v}"),
+            ConstArg::Bool(b) => write!(f, "{b}"),
+            ConstArg::DType(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+/// Which variant of a kernel: every compile-time parameter's value (defaults filled in),
+/// the warp count and the alignment assumed for each tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Specialization {
+    pub kernel: String,
+    /// In declaration order.
+    pub consts: Vec<(String, ConstArg)>,
+    pub num_warps: u32,
+    /// Per tensor parameter, in parameter order: (name, assumed alignment in bytes).
+    pub tensor_align: Vec<(String, u32)>,
+}
+
+impl Specialization {
+    /// The PTX entry name: the kernel name followed by each compile-time value, then the
+    /// warp count and any alignment below 16 bytes, e.g.
+    /// `rmsnorm__T_bf16__BLOCK_1024__w4` or `vec_add__T_f32__w4__x_a4`.
+    pub fn entry_name(&self) -> String {
+        let mut s = self.kernel.clone();
+        for (name, value) in &self.consts {
+            let v = match value {
+                ConstArg::Int(i) if *i < 0 => format!("m{}", i.unsigned_abs()),
+                other => other.to_string(),
+            };
+            s.push_str(&format!("__{name}_{v}"));
+        }
+        s.push_str(&format!("__w{}", self.num_warps));
+        for (name, align) in &self.tensor_align {
+            if *align < 16 {
+                s.push_str(&format!("__{name}_a{align}"));
+            }
+        }
+        s
+    }
+
+    /// A readable, complete key (used with the source hash, arch and compiler version by
+    /// the runtime cache).
+    pub fn key(&self) -> String {
+        let consts: Vec<String> = self
+            .consts
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        let aligns: Vec<String> = self
+            .tensor_align
+            .iter()
+            .map(|(n, a)| format!("{n}:{a}"))
+            .collect();
+        format!(
+            "{}<{}>;warps={};align={}",
+            self.kernel,
+            consts.join(","),
+            self.num_warps,
+            aligns.join(",")
+        )
+    }
+}
+
+/// How one PTX kernel parameter is filled at launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AbiSlot {
+    /// The device address of tensor parameter `param` (`.u64`).
+    TensorPtr { param: u32 },
+    /// Extent of dimension `dim` (`.s32`). Constant dimensions are not passed.
+    TensorDim { param: u32, dim: u8 },
+    /// Stride of dimension `dim` in elements (`.s32`). A contiguous last dimension is not
+    /// passed.
+    TensorStride { param: u32, dim: u8 },
+    /// A scalar parameter, by value. `bool` travels as `.u32`, f16/bf16 as `.b16`.
+    Scalar { param: u32, dtype: DType },
+}
+
+/// One PTX parameter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AbiParam {
+    pub ptx_name: String,
+    /// The PTX type in the `.param` declaration (`u64`, `s32`, `f32`, `b16`, ...).
+    pub ptx_type: &'static str,
+    /// Size in bytes of the value pushed at launch.
+    pub size: u32,
+    pub slot: AbiSlot,
+}
+
+/// A kernel-level description of one source parameter, for argument checking.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceParam {
+    Tensor {
+        name: String,
+        dtype: DType,
+        dims: Vec<Option<u32>>,
+        contiguous: bool,
+        align_bytes: u32,
+        /// The kernel writes it (store, scatter, atomic).
+        written: bool,
+        /// The kernel reads it (load, gather, atomic).
+        read: bool,
+    },
+    Scalar {
+        name: String,
+        dtype: DType,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct KernelAbi {
+    /// The source-level parameters in order.
+    pub source_params: Vec<SourceParam>,
+    /// The PTX parameters in order.
+    pub params: Vec<AbiParam>,
+}
+
+/// What the launcher needs besides the grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchHints {
+    pub threads_per_block: u32,
+    /// Static shared memory declared in the PTX.
+    pub static_shared_bytes: u32,
+    /// Dynamic shared memory to request at launch.
+    pub dynamic_shared_bytes: u32,
+    /// Number of grid axes the kernel reads (`bid(axis)` with the largest axis + 1).
+    pub grid_rank: u8,
+}
+
+/// The result of compiling one specialization of one kernel for one arch.
+#[derive(Clone, Debug)]
+pub struct CompiledKernel {
+    pub ptx: String,
+    pub entry: String,
+    pub arch: Arch,
+    pub abi: KernelAbi,
+    pub launch: LaunchHints,
+    pub spec: Specialization,
+}

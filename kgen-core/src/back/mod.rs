@@ -1,0 +1,3 @@
+//! Back ends. There is one: PTX (`back::ptx`).
+
+pub mod ptx;

@@ -1,0 +1,179 @@
+//! Host-side tensors and argument values: the interpreter's inputs and outputs, and what
+//! the runtime copies to and from the device. Elements are stored little-endian in the
+//! dtype's global-memory format (bool as one byte 0/1, f16/bf16 as IEEE/bfloat bits).
+
+use crate::types::{DType, Scalar};
+use half::{bf16, f16};
+
+/// A dense host buffer viewed with a shape and element strides.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Strides in elements (not bytes).
+    pub strides: Vec<usize>,
+    /// Raw storage; its length is a whole number of elements and covers the view.
+    pub data: Vec<u8>,
+}
+
+impl HostTensor {
+    /// A contiguous (row-major) tensor filled with zero bytes.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> HostTensor {
+        let n: usize = shape.iter().product();
+        HostTensor {
+            dtype,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            data: vec![0u8; n * dtype.size_bytes() as usize],
+        }
+    }
+
+    /// A contiguous tensor whose elements are `values` rounded to `dtype`.
+    pub fn from_f64(dtype: DType, shape: &[usize], values: &[f64]) -> HostTensor {
+        let mut t = HostTensor::zeros(dtype, shape);
+        for (i, v) in values.iter().enumerate().take(t.num_elements()) {
+            t.set_linear(i, *v);
+        }
+        t
+    }
+
+    pub fn num_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Number of elements the storage holds.
+    pub fn storage_len(&self) -> usize {
+        self.data.len() / self.dtype.size_bytes() as usize
+    }
+
+    /// Storage offset (elements) of a multi-index.
+    pub fn offset_of(&self, index: &[usize]) -> usize {
+        index.iter().zip(&self.strides).map(|(i, s)| i * s).sum()
+    }
+
+    /// Element `i` of the view in row-major order, as f64.
+    pub fn get_linear(&self, i: usize) -> f64 {
+        let idx = unravel(i, &self.shape);
+        self.read_f64(self.offset_of(&idx))
+    }
+
+    /// Sets element `i` of the view in row-major order (rounded to the dtype).
+    pub fn set_linear(&mut self, i: usize, v: f64) {
+        let idx = unravel(i, &self.shape);
+        let off = self.offset_of(&idx);
+        self.write_f64(off, v);
+    }
+
+    /// Every element of the view, row-major, as f64.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        (0..self.num_elements()).map(|i| self.get_linear(i)).collect()
+    }
+
+    /// Reads the storage element at `off` as f64 (integers exactly up to 2^53).
+    pub fn read_f64(&self, off: usize) -> f64 {
+        self.read_scalar(off).to_f64()
+    }
+
+    pub fn write_f64(&mut self, off: usize, v: f64) {
+        let s = scalar_from_f64(self.dtype, v);
+        self.write_scalar(off, s);
+    }
+
+    /// Reads the storage element at `off` exactly.
+    pub fn read_scalar(&self, off: usize) -> Scalar {
+        let sz = self.dtype.size_bytes() as usize;
+        let b = &self.data[off * sz..off * sz + sz];
+        match self.dtype {
+            DType::Bool => Scalar::Bool(b[0] != 0),
+            DType::I32 => Scalar::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64, DType::I32),
+            DType::U32 => Scalar::Int(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64, DType::U32),
+            DType::I64 => Scalar::Int(
+                i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+                DType::I64,
+            ),
+            DType::F16 => Scalar::Float(f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(), DType::F16),
+            DType::BF16 => Scalar::Float(bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(), DType::BF16),
+            DType::F32 => Scalar::Float(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64, DType::F32),
+        }
+    }
+
+    /// Writes a scalar (converted to this tensor's dtype with the language's cast rules).
+    pub fn write_scalar(&mut self, off: usize, s: Scalar) {
+        let sz = self.dtype.size_bytes() as usize;
+        let bytes = scalar_to_bytes(self.dtype, s);
+        self.data[off * sz..off * sz + sz].copy_from_slice(&bytes[..sz]);
+    }
+
+    /// Fills every storage byte with `byte` (poisoning outputs before a run).
+    pub fn poison(&mut self, byte: u8) {
+        self.data.iter_mut().for_each(|b| *b = byte);
+    }
+}
+
+/// Row-major strides for a shape.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1usize; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1].max(1);
+    }
+    strides
+}
+
+/// The multi-index of row-major element `i`.
+pub fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0usize; shape.len()];
+    for d in (0..shape.len()).rev() {
+        let n = shape[d].max(1);
+        idx[d] = i % n;
+        i /= n;
+    }
+    idx
+}
+
+impl Scalar {
+    /// The value as f64 (u32/i32/i64 by value, bool as 0/1).
+    pub fn to_f64(self) -> f64 {
+        match self {
+            Scalar::Bool(b) => b as u8 as f64,
+            Scalar::Int(v, DType::U32) => (v as u32) as f64,
+            Scalar::Int(v, DType::I32) => (v as i32) as f64,
+            Scalar::Int(v, _) => v as f64,
+            Scalar::Float(v, _) => v,
+        }
+    }
+}
+
+/// `v` converted to `dtype` with the language's cast rules (round to nearest even for
+/// narrowing floats; truncation with saturation, NaN → 0, for float → int).
+pub fn scalar_from_f64(dtype: DType, v: f64) -> Scalar {
+    match dtype {
+        DType::Bool => Scalar::Bool(v != 0.0),
+        DType::I32 => Scalar::Int(v as i32 as i64, DType::I32),
+        DType::U32 => Scalar::Int(v as u32 as i64, DType::U32),
+        DType::I64 => Scalar::Int(v as i64, DType::I64),
+        DType::F16 => Scalar::Float(f16::from_f64(v).to_f64(), DType::F16),
+        DType::BF16 => Scalar::Float(bf16::from_f64(v).to_f64(), DType::BF16),
+        DType::F32 => Scalar::Float(v as f32 as f64, DType::F32),
+    }
+}
+
+fn scalar_to_bytes(dtype: DType, s: Scalar) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    match (dtype, s) {
+        (DType::Bool, s) => out[0] = (s.to_f64() != 0.0) as u8,
+        (DType::I32 | DType::U32, Scalar::Int(v, _)) => out[..4].copy_from_slice(&(v as u32).to_le_bytes()),
+        (DType::I64, Scalar::Int(v, _)) => out.copy_from_slice(&v.to_le_bytes()),
+        (DType::F16, s) => out[..2].copy_from_slice(&f16::from_f64(s.to_f64()).to_bits().to_le_bytes()),
+        (DType::BF16, s) => out[..2].copy_from_slice(&bf16::from_f64(s.to_f64()).to_bits().to_le_bytes()),
+        (DType::F32, s) => out[..4].copy_from_slice(&(s.to_f64() as f32).to_le_bytes()),
+        (d, s) => return scalar_to_bytes(d, scalar_from_f64(d, s.to_f64())),
+    }
+    out
+}
+
+/// A kernel argument for the interpreter (and the runtime's host-side API).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArgValue {
+    Tensor(HostTensor),
+    Scalar(Scalar),
+}

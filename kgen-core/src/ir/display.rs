@@ -1,0 +1,1 @@
+//! The IR's text form.

@@ -1,0 +1,423 @@
+//! The tile IR: one kernel as SSA values over scalars and tiles, with structured
+//! control flow (`for` / `if` regions that yield values, like MLIR's `scf`).
+//!
+//! Invariants (checked by `valid::validate`, relied on by every later layer):
+//! - Every value is defined exactly once, as a block argument or an instruction result,
+//!   and every use is dominated by its definition (regions see their parents' values).
+//! - Operand types are exact: the checker inserts `Splat`/`Broadcast`/`Cast` so that
+//!   element-wise operands have identical types. No implicit broadcasting is left.
+//! - `For` and `If` bodies end with exactly one `Yield` whose operand types equal the
+//!   instruction's result types; `Yield` appears nowhere else.
+//! - Tile shapes obey `types::MAX_TILE_RANK` and `types::MAX_TILE_ELEMENTS`.
+//!
+//! The text form (`Display` for [`Function`], in `ir::display`) is stable and is what
+//! `kgen compile --emit ir` prints and what the IR snapshots hold.
+
+pub mod arena;
+pub mod display;
+
+pub use arena::{Arena, Handle};
+
+use crate::span::Span;
+use crate::types::{DType, Scalar, ValueType};
+
+pub type ValueId = Handle<Value>;
+pub type InstId = Handle<Inst>;
+
+/// One compiled kernel (one specialization).
+#[derive(Clone, Debug)]
+pub struct Function {
+    /// The PTX entry name; it spells the specialization (`rmsnorm__T_bf16__BLOCK_1024`).
+    pub name: String,
+    /// The kernel's name in the source.
+    pub source_name: String,
+    pub params: Vec<Param>,
+    pub values: Arena<Value>,
+    pub insts: Arena<Inst>,
+    pub body: Block,
+}
+
+/// A kernel parameter, in source order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    pub name: String,
+    pub kind: ParamKind,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParamKind {
+    Scalar(DType),
+    Tensor(TensorParam),
+}
+
+/// A global-memory tensor: a base pointer, extents and strides (in elements).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorParam {
+    pub dtype: DType,
+    /// `Some(n)` where the extent is a compile-time constant; `None` for a runtime extent.
+    pub dims: Vec<Option<u32>>,
+    /// The last dimension has stride 1.
+    pub contiguous: bool,
+    /// Alignment assumed by the specialization, in bytes (1, 2, 4, 8 or 16): the base
+    /// address, every stride but the contiguous one (times the element size) and the
+    /// extent of the contiguous dimension (times the element size) are multiples of it.
+    /// The runtime checks it before launch; the back end uses it for vector width.
+    pub align_bytes: u32,
+}
+
+impl TensorParam {
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+}
+
+/// An SSA value.
+#[derive(Clone, Debug)]
+pub struct Value {
+    pub ty: ValueType,
+    /// The source variable it came from, for readable IR and PTX comments.
+    pub name: Option<String>,
+}
+
+/// A straight-line list of instructions with arguments (for loop bodies: the induction
+/// variable, then the carried values).
+#[derive(Clone, Debug, Default)]
+pub struct Block {
+    pub args: Vec<ValueId>,
+    pub insts: Vec<InstId>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Inst {
+    pub op: Op,
+    pub results: Vec<ValueId>,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// Arithmetic negation (wrapping for integers).
+    Neg,
+    /// Logical not for bool, bitwise not for integers.
+    Not,
+    Abs,
+    Exp,
+    Exp2,
+    Log,
+    Log2,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Sin,
+    Cos,
+    Floor,
+    Ceil,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// Integers wrap around; floats round to nearest even in their dtype.
+    Add,
+    Sub,
+    Mul,
+    /// Integer division truncates toward zero; division by zero yields an unspecified
+    /// value (the interpreter gives all ones, like the hardware).
+    Div,
+    /// Integer remainder has the sign of the dividend; float `%` is `fmod`.
+    Rem,
+    Min,
+    Max,
+    /// Logical for bool, bitwise for integers.
+    And,
+    Or,
+    Xor,
+    /// Shifts by ≥ the bit width give 0 (or the sign fill for a signed `Shr`), matching
+    /// PTX `shl`/`shr`.
+    Shl,
+    Shr,
+    /// `pow(x, y)` for floats.
+    Pow,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+    /// Index (i32) of the first maximum along the axis; NaN counts as the maximum.
+    ArgMax,
+    /// Index (i32) of the first minimum along the axis.
+    ArgMin,
+}
+
+/// The operations. Result types are on the result values; the comments give them.
+/// "T" below is the result type of the instruction.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// A constant scalar, or (for a tile result) a constant splat over the tile.
+    Const(Scalar),
+    /// `bid(axis)`: the block (program) id along axis 0..3. `i32` scalar.
+    ProgramId(u8),
+    /// `num_bids(axis)`: the grid size along the axis. `i32` scalar.
+    NumPrograms(u8),
+    /// The value of scalar parameter `param` (index into `Function::params`).
+    ScalarParam(u32),
+    /// Extent of dimension `dim` of tensor parameter `tensor`. `i32` scalar (a constant
+    /// dimension folds to `Const` during checking).
+    TensorDim { tensor: u32, dim: u8 },
+    /// Stride (elements) of dimension `dim` of tensor parameter `tensor`. `i32` scalar.
+    TensorStride { tensor: u32, dim: u8 },
+    /// `arange(start, end)`: the 1-D `i32` tile `[start, start+1, ..., end-1]`.
+    Arange { start: i64, end: i64 },
+    /// A scalar repeated over the result tile.
+    Splat(ValueId),
+    /// A tile whose size-1 dimensions are repeated to the result shape (same rank).
+    Broadcast(ValueId),
+    /// Same elements in row-major order, new shape (same element count).
+    Reshape(ValueId),
+    /// A size-1 dimension inserted at `axis`.
+    ExpandDims(ValueId, u8),
+    /// Dimensions permuted: result dim `i` is operand dim `perm[i]`.
+    Permute(ValueId, Vec<u8>),
+    Unary(UnaryOp, ValueId),
+    Binary(BinaryOp, ValueId, ValueId),
+    /// Result is `bool` of the operands' shape.
+    Compare(CmpOp, ValueId, ValueId),
+    /// `where(cond, a, b)`: cond is `bool` of the same shape (or a scalar).
+    Select(ValueId, ValueId, ValueId),
+    /// `a * b + c` with one rounding (floats).
+    Fma(ValueId, ValueId, ValueId),
+    /// Conversion to the result dtype. Float→narrower float rounds to nearest even;
+    /// float→int truncates toward zero and saturates (NaN → 0); int→int wraps;
+    /// `bool`→number gives 0/1; number→`bool` is `!= 0`.
+    Cast(ValueId),
+    /// Reduction along `axis`; the axis is removed (a 1-D tile reduces to a scalar).
+    /// Sum of f16/bf16 accumulates in f32 and rounds once at the end.
+    Reduce {
+        op: ReduceOp,
+        value: ValueId,
+        axis: u8,
+    },
+    /// cuTile-style tile load. `index[d]` is an `i32` scalar tile coordinate; the tile
+    /// covers elements `index[d]*shape[d] .. +shape[d]` (shape = result shape, same rank
+    /// as the tensor). Elements outside the tensor read as `padding`.
+    Load {
+        tensor: u32,
+        index: Vec<ValueId>,
+        padding: Scalar,
+    },
+    /// cuTile-style tile store, the inverse of `Load`: out-of-bounds elements are not
+    /// written. No results.
+    Store {
+        tensor: u32,
+        index: Vec<ValueId>,
+        value: ValueId,
+    },
+    /// Triton-style gather: `offsets[d]` are integer tiles (all of the result shape),
+    /// one per tensor dimension, giving element coordinates. Elements where `mask` is
+    /// false or any coordinate is out of bounds read as `other`.
+    Gather {
+        tensor: u32,
+        offsets: Vec<ValueId>,
+        mask: Option<ValueId>,
+        other: Scalar,
+    },
+    /// Triton-style scatter: writes `value` at the coordinates where `mask` holds and
+    /// the coordinates are in bounds. No results.
+    Scatter {
+        tensor: u32,
+        offsets: Vec<ValueId>,
+        value: ValueId,
+        mask: Option<ValueId>,
+    },
+    /// `atomic_add`: adds `value` at the coordinates (where masked in and in bounds) and
+    /// returns the previous values (unspecified where masked out). f32 and i32 only.
+    AtomicAdd {
+        tensor: u32,
+        offsets: Vec<ValueId>,
+        value: ValueId,
+        mask: Option<ValueId>,
+    },
+    /// `dot(a, b, acc)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]` (f32 accumulator for
+    /// float inputs). Result `acc + a @ b`.
+    Dot {
+        a: ValueId,
+        b: ValueId,
+        acc: ValueId,
+    },
+    /// A counted loop `for iv in lower..upper step step` (i32 scalars, step > 0 checked at
+    /// compile time when constant). `body.args` = `[iv, carried...]`; the body yields
+    /// the next carried values; the results are the final carried values.
+    For {
+        lower: ValueId,
+        upper: ValueId,
+        step: ValueId,
+        inits: Vec<ValueId>,
+        body: Block,
+    },
+    /// `if cond { then } else { else }` on a `bool` scalar; each region yields the
+    /// results.
+    If {
+        cond: ValueId,
+        then_body: Block,
+        else_body: Block,
+    },
+    /// Ends a `For`/`If` region.
+    Yield(Vec<ValueId>),
+}
+
+impl Function {
+    pub fn value_type(&self, v: ValueId) -> &ValueType {
+        &self.values[v].ty
+    }
+
+    pub fn tensor_param(&self, index: u32) -> Option<&TensorParam> {
+        match self.params.get(index as usize).map(|p| &p.kind) {
+            Some(ParamKind::Tensor(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Every operand of an instruction (not including values used inside its regions).
+    pub fn operands(op: &Op) -> Vec<ValueId> {
+        match op {
+            Op::Const(_)
+            | Op::ProgramId(_)
+            | Op::NumPrograms(_)
+            | Op::ScalarParam(_)
+            | Op::TensorDim { .. }
+            | Op::TensorStride { .. }
+            | Op::Arange { .. } => vec![],
+            Op::Splat(v)
+            | Op::Broadcast(v)
+            | Op::Reshape(v)
+            | Op::ExpandDims(v, _)
+            | Op::Permute(v, _)
+            | Op::Unary(_, v)
+            | Op::Cast(v) => vec![*v],
+            Op::Reduce { value, .. } => vec![*value],
+            Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
+            Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![*a, *b, *c],
+            Op::Load { index, .. } => index.clone(),
+            Op::Store { index, value, .. } => {
+                let mut v = index.clone();
+                v.push(*value);
+                v
+            }
+            Op::Gather { offsets, mask, .. } => {
+                let mut v = offsets.clone();
+                v.extend(mask.iter().copied());
+                v
+            }
+            Op::Scatter {
+                offsets,
+                value,
+                mask,
+                ..
+            }
+            | Op::AtomicAdd {
+                offsets,
+                value,
+                mask,
+                ..
+            } => {
+                let mut v = offsets.clone();
+                v.push(*value);
+                v.extend(mask.iter().copied());
+                v
+            }
+            Op::Dot { a, b, acc } => vec![*a, *b, *acc],
+            Op::For {
+                lower,
+                upper,
+                step,
+                inits,
+                ..
+            } => {
+                let mut v = vec![*lower, *upper, *step];
+                v.extend(inits.iter().copied());
+                v
+            }
+            Op::If { cond, .. } => vec![*cond],
+            Op::Yield(vs) => vs.clone(),
+        }
+    }
+
+    /// True for instructions with an effect besides their results (memory writes,
+    /// control flow), which dead-code elimination must keep.
+    pub fn has_side_effects(op: &Op) -> bool {
+        matches!(
+            op,
+            Op::Store { .. }
+                | Op::Scatter { .. }
+                | Op::AtomicAdd { .. }
+                | Op::For { .. }
+                | Op::If { .. }
+                | Op::Yield(_)
+        )
+    }
+}
+
+/// Helps layers that build IR: appends values and instructions.
+pub struct Builder<'f> {
+    pub func: &'f mut Function,
+}
+
+impl Builder<'_> {
+    pub fn new_value(&mut self, ty: ValueType, name: Option<String>) -> ValueId {
+        self.func.values.append(Value { ty, name })
+    }
+
+    /// Appends an instruction with fresh result values of the given types.
+    pub fn inst(
+        &mut self,
+        block: &mut Block,
+        op: Op,
+        result_types: Vec<ValueType>,
+        span: Span,
+    ) -> Vec<ValueId> {
+        let results: Vec<ValueId> = result_types
+            .into_iter()
+            .map(|ty| self.new_value(ty, None))
+            .collect();
+        let id = self.func.insts.append(Inst {
+            op,
+            results: results.clone(),
+            span,
+        });
+        block.insts.push(id);
+        results
+    }
+}
+
+impl Function {
+    pub fn new(name: impl Into<String>, source_name: impl Into<String>) -> Function {
+        Function {
+            name: name.into(),
+            source_name: source_name.into(),
+            params: Vec::new(),
+            values: Arena::new(),
+            insts: Arena::new(),
+            body: Block::default(),
+        }
+    }
+}
+
+/// The shape of a tile type, or an empty shape for scalars.
+pub fn shape_of(ty: &ValueType) -> &[u32] {
+    match ty {
+        ValueType::Scalar(_) => &[],
+        ValueType::Tile(_, s) => s.dims(),
+    }
+}

@@ -1,0 +1,69 @@
+//! The compilation pipeline, in one visible sequence:
+//! parse → check & lower → optimize → validate → PTX.
+//!
+//! Assumes: nothing about the input text. Guarantees: either a [`CompiledKernel`] whose
+//! PTX passed every layer, or [`Diagnostics`] with located errors. Never panics.
+
+use crate::abi::CompiledKernel;
+use crate::diag::Diagnostics;
+use crate::span::SourceFile;
+use crate::target::Arch;
+use crate::{back, check, front, ir, passes, valid};
+
+/// What to compile and how.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    pub arch: Arch,
+    /// The kernel to compile when the file has several; `None` takes the first.
+    pub kernel: Option<String>,
+    /// Compile-time parameter values, `-D NAME=VALUE` (integers, `true`/`false`, dtypes).
+    /// Parameters not named here take their defaults.
+    pub defines: Vec<(String, String)>,
+    /// Warps per block; `None` lets the compiler choose from the tile sizes.
+    pub num_warps: Option<u32>,
+    /// Assumed alignment (bytes) per tensor parameter name; unnamed tensors assume 16.
+    pub tensor_align: Vec<(String, u32)>,
+}
+
+impl CompileOptions {
+    pub fn new(arch: Arch) -> CompileOptions {
+        CompileOptions {
+            arch,
+            kernel: None,
+            defines: Vec::new(),
+            num_warps: None,
+            tensor_align: Vec::new(),
+        }
+    }
+
+    pub fn define(mut self, name: &str, value: impl ToString) -> CompileOptions {
+        self.defines.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    pub fn kernel(mut self, name: &str) -> CompileOptions {
+        self.kernel = Some(name.to_string());
+        self
+    }
+}
+
+/// Source text to optimized, validated tile IR (the `--emit ir` form and the
+/// interpreter's input).
+pub fn compile_to_ir(
+    file: &SourceFile,
+    opts: &CompileOptions,
+) -> Result<(ir::Function, crate::abi::Specialization), Diagnostics> {
+    let module = front::parse(file)?;
+    let (mut func, spec) = check::lower_kernel(&module, opts)?;
+    passes::optimize(&mut func);
+    valid::validate(&func)?;
+    Ok((func, spec))
+}
+
+/// Source text to PTX for one specialization.
+pub fn compile(file: &SourceFile, opts: &CompileOptions) -> Result<CompiledKernel, Diagnostics> {
+    let (func, spec) = compile_to_ir(file, opts)?;
+    let info = valid::validate(&func)?;
+    let target = opts.arch.target();
+    back::ptx::write(&func, &info, &target, &spec)
+}

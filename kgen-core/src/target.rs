@@ -1,0 +1,146 @@
+//! Target descriptions: sm_80 (Ampere) and sm_90a (Hopper) as capability flags and
+//! hardware limits. Architecture differences are decided here and checked during
+//! validation and lowering; the PTX printer never branches on the architecture.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Arch {
+    Sm80,
+    Sm90a,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 2] = [Arch::Sm80, Arch::Sm90a];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm90a => "sm_90a",
+        }
+    }
+
+    /// The arch for a device of compute capability `major.minor`, if kgen targets it.
+    pub fn for_compute_capability(major: u32, minor: u32) -> Option<Arch> {
+        match (major, minor) {
+            (9, 0) => Some(Arch::Sm90a),
+            (8, _) => Some(Arch::Sm80),
+            _ => None,
+        }
+    }
+
+    pub fn target(self) -> Target {
+        Target::new(self)
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Arch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Arch, String> {
+        match s {
+            "sm_80" | "sm80" | "ampere" => Ok(Arch::Sm80),
+            "sm_90a" | "sm90a" | "sm_90" | "hopper" => Ok(Arch::Sm90a),
+            _ => Err(format!(
+                "unknown arch `{s}`: expected `sm_80` or `sm_90a`"
+            )),
+        }
+    }
+}
+
+/// What the target's instruction set offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// `mma.sync.aligned.m16n8k16` with f16/bf16 inputs.
+    pub mma_sync: bool,
+    /// `ldmatrix` from shared memory.
+    pub ldmatrix: bool,
+    /// `cp.async` global→shared copies.
+    pub cp_async: bool,
+    /// `wgmma.mma_async` (needs the `a` target).
+    pub wgmma: bool,
+    /// `cp.async.bulk.tensor` (TMA) with mbarrier completion.
+    pub tma: bool,
+    /// `mbarrier` with transaction counts.
+    pub mbarrier_tx: bool,
+    /// Thread-block clusters and distributed shared memory.
+    pub clusters: bool,
+    /// `red`/`atom` `.v2.f16x2`/`.bf16x2` and `atom.add.noftz.bf16`.
+    pub atomic_bf16: bool,
+}
+
+/// Everything the compiler needs to know about the machine it writes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub arch: Arch,
+    /// PTX ISA version written in `.version` (major, minor). The CUDA 13.0 driver (580)
+    /// JIT accepts 8.0 through 9.0.
+    pub ptx_version: (u32, u32),
+    pub caps: Capabilities,
+    pub max_threads_per_block: u32,
+    /// Shared memory one block can use, static plus opt-in dynamic, in bytes.
+    pub max_shared_bytes_per_block: u32,
+    /// Shared memory a block may use without the opt-in attribute.
+    pub default_shared_bytes_per_block: u32,
+    pub max_registers_per_thread: u32,
+    pub registers_per_sm: u32,
+    pub warp_size: u32,
+}
+
+impl Target {
+    pub fn new(arch: Arch) -> Target {
+        match arch {
+            Arch::Sm80 => Target {
+                arch,
+                ptx_version: (8, 0),
+                caps: Capabilities {
+                    mma_sync: true,
+                    ldmatrix: true,
+                    cp_async: true,
+                    wgmma: false,
+                    tma: false,
+                    mbarrier_tx: false,
+                    clusters: false,
+                    atomic_bf16: false,
+                },
+                max_threads_per_block: 1024,
+                max_shared_bytes_per_block: 163 * 1024,
+                default_shared_bytes_per_block: 48 * 1024,
+                max_registers_per_thread: 255,
+                registers_per_sm: 65536,
+                warp_size: 32,
+            },
+            Arch::Sm90a => Target {
+                arch,
+                ptx_version: (8, 0),
+                caps: Capabilities {
+                    mma_sync: true,
+                    ldmatrix: true,
+                    cp_async: true,
+                    wgmma: true,
+                    tma: true,
+                    mbarrier_tx: true,
+                    clusters: true,
+                    atomic_bf16: true,
+                },
+                max_threads_per_block: 1024,
+                max_shared_bytes_per_block: 227 * 1024,
+                default_shared_bytes_per_block: 48 * 1024,
+                max_registers_per_thread: 255,
+                registers_per_sm: 65536,
+                warp_size: 32,
+            },
+        }
+    }
+
+    /// The `.target` directive's operand.
+    pub fn ptx_target(&self) -> &'static str {
+        self.arch.name()
+    }
+}

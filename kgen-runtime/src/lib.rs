@@ -1,0 +1,1 @@
+//! kgen-runtime: loads PTX through the CUDA driver and launches it.

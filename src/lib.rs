@@ -1,0 +1,7 @@
+//! kgen: a tile-kernel compiler for NVIDIA GPUs, written in Rust.
+//!
+//! This facade re-exports the compiler ([`core`]), the runtime ([`runtime`]) and the
+//! `#[kernel]` macro.
+
+pub use kgen_core as core;
+pub use kgen_runtime as runtime;
