@@ -126,6 +126,8 @@ pub enum BinaryOp {
     Div,
     /// Integer remainder has the sign of the dividend; float `%` is `fmod`.
     Rem,
+    /// Float min/max ignore a NaN operand (IEEE minNum/maxNum, PTX `min.f32`); both NaN
+    /// gives NaN.
     Min,
     Max,
     /// Logical for bool, bitwise for integers.
@@ -155,7 +157,8 @@ pub enum ReduceOp {
     Sum,
     Max,
     Min,
-    /// Index (i32) of the first maximum along the axis; NaN counts as the maximum.
+    /// Index (i32) of the first maximum along the axis, under `Max`'s NaN rule (NaN
+    /// elements are skipped; an all-NaN line gives 0).
     ArgMax,
     /// Index (i32) of the first minimum along the axis.
     ArgMin,
