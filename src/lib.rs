@@ -5,3 +5,5 @@
 
 pub use kgen_core as core;
 pub use kgen_runtime as runtime;
+
+pub mod cases;
