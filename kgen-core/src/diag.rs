@@ -59,6 +59,8 @@ pub enum ErrorCode {
     NoSuchKernel,
     /// A feature the compiler does not support (yet) for this target.
     Unsupported,
+    /// IR that breaks an invariant: a compiler bug, reported instead of a panic.
+    InvalidIr,
 }
 
 impl ErrorCode {
@@ -87,6 +89,7 @@ impl ErrorCode {
             BadControlFlow => "E0701",
             TargetLimit => "E0801",
             Unsupported => "E0802",
+            InvalidIr => "E0901",
         }
     }
 }

@@ -1,0 +1,50 @@
+//! PTX and IR snapshots of every bundled kernel (`kernels-src/<name>.kg`), one PTX
+//! snapshot per target, and every PTX assembled by the real ptxas with zero spills and
+//! zero stack. Review changes with `cargo insta review`.
+
+mod common;
+
+use kgen_core::{compile, compile_to_ir, Arch, CompileOptions, SourceFile};
+
+#[test]
+fn bundled_kernels_ptx_snapshots_and_ptxas() {
+    let ptxas = common::ptxas();
+    let kernels = common::bundled_kernels();
+    assert!(kernels.len() >= 6, "expected the bundled kernels, found {}", kernels.len());
+    let mut failures = Vec::new();
+    for (stem, text) in &kernels {
+        let file = SourceFile::new(format!("kernels-src/{stem}.kg"), text.clone());
+        for arch in Arch::ALL {
+            let compiled = match compile(&file, &CompileOptions::new(arch)) {
+                Ok(k) => k,
+                Err(d) => {
+                    failures.push(format!("{stem} {arch}: compile failed:\n{}", d.render(&file)));
+                    continue;
+                }
+            };
+            insta::assert_snapshot!(format!("ptx_{stem}_{arch}"), compiled.ptx);
+            if let Some(ptxas) = &ptxas {
+                match common::assemble(ptxas, &compiled.ptx, arch.name(), stem) {
+                    Ok(r) => {
+                        if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 {
+                            failures.push(format!("{stem} {arch}: local memory used:\n{}", r.raw));
+                        }
+                    }
+                    Err(e) => failures.push(format!("{stem} {arch}: ptxas rejected the PTX:\n{e}")),
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn bundled_kernels_ir_snapshots() {
+    for (stem, text) in common::bundled_kernels() {
+        let file = SourceFile::new(format!("kernels-src/{stem}.kg"), text);
+        // The file's first kernel with its defaults; the IR does not depend on the arch.
+        let (func, _) = compile_to_ir(&file, &CompileOptions::new(Arch::Sm90a))
+            .unwrap_or_else(|d| panic!("{}", d.render(&file)));
+        insta::assert_snapshot!(format!("ir_{stem}"), func.to_string());
+    }
+}
