@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs on the GPU test machine (no Rust there): the GPU self-test, compute-sanitizer
+# memcheck and racecheck over it, and the PTX JIT of every bundled kernel. Full logs go
+# to $OUT; a short summary is printed last.
+#
+# Prepare on the development machine:
+#   cargo build --release && mkdir -p .device && cp target/release/kgen .device/
+# then run `bash tools/gpu-check.sh` on the device with `.device` carried.
+set -uo pipefail
+BIN=${KGEN_BIN:-.device/kgen}
+OUT=${OUT:-/tmp/kgen-gpu-check}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+
+"$BIN" selftest --gpu --full ${SELFTEST_ARGS:-} >"$OUT/selftest.log" 2>&1
+selftest_rc=$?
+compute-sanitizer --tool memcheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/memcheck.log" 2>&1
+memcheck_rc=$?
+compute-sanitizer --tool racecheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/racecheck.log" 2>&1
+racecheck_rc=$?
+
+echo "== selftest (full) =="
+tail -n 60 "$OUT/selftest.log"
+echo "== memcheck: rc=$memcheck_rc =="
+grep -E "ERROR SUMMARY|PASS|FAIL" "$OUT/memcheck.log" | tail -n 5
+echo "== racecheck: rc=$racecheck_rc =="
+grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard" "$OUT/racecheck.log" | tail -n 5
+echo "selftest_rc=$selftest_rc memcheck_rc=$memcheck_rc racecheck_rc=$racecheck_rc"
