@@ -6,4 +6,5 @@
 pub use kgen_core as core;
 pub use kgen_runtime as runtime;
 
+pub mod bundled;
 pub mod cases;

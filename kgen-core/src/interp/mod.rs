@@ -1,16 +1,589 @@
-//! The interpreter: runs tile IR on the CPU with the GPU's semantics.
+//! The interpreter: runs tile IR (`ir::Function`) on the CPU with the GPU's semantics. It
+//! is the test suite's reference executor and a debugging mode for users.
+//!
+//! Assumes: nothing about the function — it need not have been validated; malformed IR
+//! (a value used before its definition, operand types that do not fit, regions without
+//! `Yield`, ...) gives [`InterpError`], never a panic.
+//! Guarantees:
+//! - arguments are checked first (count, kind, dtype, rank, constant extents, contiguity,
+//!   extents/strides that fit in i32, storage covering the view); nothing is written
+//!   unless they all pass;
+//! - blocks run one after another in grid order (x fastest, then y, then z); an empty
+//!   grid runs nothing; each instruction runs once per block over whole tiles;
+//! - `for` runs `iv = lower, lower+step, ...` while `iv < upper` (computed without
+//!   overflow; zero iterations when `lower ≥ upper`, the results then being the inits);
+//!   a runtime `step ≤ 0` with `lower < upper` is [`InterpError::NonPositiveStep`] (the
+//!   GPU would never finish);
+//! - operation semantics are those documented on `ir::Op` (see `eval.rs`, `tile.rs`,
+//!   `memory.rs` for the choices made where the IR docs are silent).
+//!
+//! Layout: `value.rs` (runtime values, casts), `eval.rs` (element-wise ops), `tile.rs`
+//! (shape ops, reductions, dot), `memory.rs` (argument checks, loads/stores/atomics).
+
+mod eval;
+mod memory;
+mod tile;
+mod value;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_e2e;
+#[cfg(test)]
+mod tests_mem;
+#[cfg(test)]
+mod tests_tile;
 
 use crate::host::ArgValue;
-use crate::ir::Function;
+use crate::ir::{Block, Function, Op, ParamKind, ValueId};
+use crate::types::{DType, ValueType};
+use std::rc::Rc;
+use value::{checked_numel, scalar_data, Data, Val};
 
+/// Why a run failed: bad arguments, or IR the interpreter cannot execute.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum InterpError {
-    #[error("not implemented")]
-    NotImplemented,
+    #[error("expected {expected} arguments, got {got}")]
+    ArgCount { expected: usize, got: usize },
+    #[error("argument {index} must be a {expected}")]
+    ArgKind {
+        index: usize,
+        expected: &'static str,
+    },
+    #[error("argument {index}: expected dtype {expected}, got {got}")]
+    ArgDType {
+        index: usize,
+        expected: DType,
+        got: DType,
+    },
+    #[error("argument {index}: expected rank {expected}, got {got} extents and {strides} strides")]
+    ArgRank {
+        index: usize,
+        expected: usize,
+        got: usize,
+        strides: usize,
+    },
+    #[error("argument {index}: dimension {dim} must be {expected}, got {got}")]
+    ConstDimMismatch {
+        index: usize,
+        dim: usize,
+        expected: u32,
+        got: usize,
+    },
+    #[error("argument {index} is declared contiguous but its last stride is {stride}")]
+    NotContiguous { index: usize, stride: usize },
+    #[error("argument {index}: extent {extent} or stride {stride} of dimension {dim} does not fit in i32")]
+    TensorTooLarge {
+        index: usize,
+        dim: usize,
+        extent: usize,
+        stride: usize,
+    },
+    #[error("argument {index}: the view needs {needed} elements of storage, it has {available}")]
+    StorageTooSmall {
+        index: usize,
+        needed: u64,
+        available: u64,
+    },
+    #[error("malformed IR: value #{0} used before its definition")]
+    UndefinedValue(usize),
+    #[error("a for loop's step is {0} at run time; it must be positive")]
+    NonPositiveStep(i64),
+    #[error("malformed IR: {0}")]
+    Malformed(String),
 }
 
-/// Runs `func` over the whole grid.
+/// Runs `func` over the whole grid. `args` are in `func.params` order.
 pub fn run(func: &Function, grid: [u32; 3], args: &mut [ArgValue]) -> Result<(), InterpError> {
-    let _ = (func, grid, args);
-    Err(InterpError::NotImplemented)
+    let scalars = check_args(func, args)?;
+    if grid.contains(&0) {
+        return Ok(());
+    }
+    let mut m = Machine {
+        func,
+        env: vec![None; func.values.len()],
+        args,
+        scalars,
+        grid,
+        pid: [0; 3],
+        depth: 0,
+    };
+    for z in 0..grid[2] {
+        for y in 0..grid[1] {
+            for x in 0..grid[0] {
+                m.pid = [x, y, z];
+                m.env.iter_mut().for_each(|e| *e = None);
+                m.exec_block(&func.body)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the arguments; returns the scalar parameters' values (None for tensors).
+fn check_args(func: &Function, args: &[ArgValue]) -> Result<Vec<Option<Val>>, InterpError> {
+    if args.len() != func.params.len() {
+        return Err(InterpError::ArgCount {
+            expected: func.params.len(),
+            got: args.len(),
+        });
+    }
+    let mut scalars = Vec::with_capacity(args.len());
+    for (index, (p, a)) in func.params.iter().zip(args.iter()).enumerate() {
+        match (&p.kind, a) {
+            (ParamKind::Scalar(d), ArgValue::Scalar(s)) => {
+                if s.dtype() != *d {
+                    return Err(InterpError::ArgDType {
+                        index,
+                        expected: *d,
+                        got: s.dtype(),
+                    });
+                }
+                scalars.push(Some(Val::from_scalar(*d, *s)));
+            }
+            (ParamKind::Tensor(tp), ArgValue::Tensor(t)) => {
+                memory::check_tensor(index, tp, t)?;
+                scalars.push(None);
+            }
+            (ParamKind::Scalar(_), _) => {
+                return Err(InterpError::ArgKind {
+                    index,
+                    expected: "scalar",
+                })
+            }
+            (ParamKind::Tensor(_), _) => {
+                return Err(InterpError::ArgKind {
+                    index,
+                    expected: "tensor",
+                })
+            }
+        }
+    }
+    Ok(scalars)
+}
+
+/// Deepest region nesting accepted (guards against cyclic region structure).
+const MAX_DEPTH: u32 = 64;
+
+struct Machine<'a> {
+    func: &'a Function,
+    env: Vec<Option<Rc<Val>>>,
+    args: &'a mut [ArgValue],
+    scalars: Vec<Option<Val>>,
+    grid: [u32; 3],
+    pid: [u32; 3],
+    depth: u32,
+}
+
+fn bad(msg: impl Into<String>) -> InterpError {
+    InterpError::Malformed(msg.into())
+}
+
+fn scalar_i32(v: i64) -> Val {
+    Val {
+        dtype: DType::I32,
+        shape: Vec::new(),
+        data: Data::I32(vec![v as i32]),
+    }
+}
+
+impl Machine<'_> {
+    fn get(&self, v: ValueId) -> Result<Rc<Val>, InterpError> {
+        self.env
+            .get(v.index())
+            .and_then(|e| e.clone())
+            .ok_or(InterpError::UndefinedValue(v.index()))
+    }
+
+    /// Defines `v`, checking that the value has the type the IR declares for it.
+    fn set(&mut self, v: ValueId, val: Rc<Val>) -> Result<(), InterpError> {
+        self.check_type(v, &val)?;
+        let slot = self
+            .env
+            .get_mut(v.index())
+            .ok_or_else(|| bad("value out of range"))?;
+        *slot = Some(val);
+        Ok(())
+    }
+
+    fn result_type(&self, results: &[ValueId]) -> Result<(DType, Vec<u32>), InterpError> {
+        let r = results.first().ok_or_else(|| bad("missing result"))?;
+        let ty = &self
+            .func
+            .values
+            .get(*r)
+            .ok_or_else(|| bad("result value does not exist"))?
+            .ty;
+        let (d, s) = split_type(ty);
+        checked_numel(s)?;
+        Ok((d, s.to_vec()))
+    }
+
+    fn tensor(&self, t: u32) -> Result<&crate::host::HostTensor, InterpError> {
+        match self.args.get(t as usize) {
+            Some(ArgValue::Tensor(h)) => Ok(h),
+            _ => Err(bad(format!("parameter {t} is not a tensor"))),
+        }
+    }
+
+    fn tensor_mut(&mut self, t: u32) -> Result<&mut crate::host::HostTensor, InterpError> {
+        match self.args.get_mut(t as usize) {
+            Some(ArgValue::Tensor(h)) => Ok(h),
+            _ => Err(bad(format!("parameter {t} is not a tensor"))),
+        }
+    }
+
+    /// Runs a region; returns the values of its `Yield`, if it reached one.
+    fn exec_block(&mut self, block: &Block) -> Result<Option<Vec<Rc<Val>>>, InterpError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(bad("regions nested too deeply (cyclic IR?)"));
+        }
+        let r = self.exec_insts(block);
+        self.depth -= 1;
+        r
+    }
+
+    fn exec_insts(&mut self, block: &Block) -> Result<Option<Vec<Rc<Val>>>, InterpError> {
+        for &id in &block.insts {
+            let inst = self
+                .func
+                .insts
+                .get(id)
+                .ok_or_else(|| bad(format!("instruction #{} does not exist", id.index())))?;
+            match &inst.op {
+                Op::Yield(vs) => {
+                    let vals = vs
+                        .iter()
+                        .map(|&v| self.get(v))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    return Ok(Some(vals));
+                }
+                Op::For {
+                    lower,
+                    upper,
+                    step,
+                    inits,
+                    body,
+                } => {
+                    let results = self.exec_for(*lower, *upper, *step, inits, body)?;
+                    self.bind_results(&inst.results, results)?;
+                }
+                Op::If {
+                    cond,
+                    then_body,
+                    else_body,
+                } => {
+                    let c = self
+                        .get(*cond)?
+                        .as_bool()
+                        .ok_or_else(|| bad("if condition is not a bool scalar"))?;
+                    let region = if c { then_body } else { else_body };
+                    let results = self.exec_block(region)?;
+                    let results = match results {
+                        Some(r) => r,
+                        None if inst.results.is_empty() => Vec::new(),
+                        None => return Err(bad("if region without yield")),
+                    };
+                    self.bind_results(&inst.results, results)?;
+                }
+                op => {
+                    let out = self.eval(op, &inst.results).map_err(|e| match e {
+                        InterpError::Malformed(m) => {
+                            InterpError::Malformed(format!("instruction #{}: {m}", id.index()))
+                        }
+                        e => e,
+                    })?;
+                    match (out, inst.results.first()) {
+                        (Some(v), Some(&r)) if inst.results.len() == 1 => {
+                            self.set(r, Rc::new(v))?
+                        }
+                        (None, None) => {}
+                        _ => {
+                            return Err(bad(format!(
+                                "instruction #{} has the wrong number of results",
+                                id.index()
+                            )))
+                        }
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn bind_results(&mut self, results: &[ValueId], vals: Vec<Rc<Val>>) -> Result<(), InterpError> {
+        if results.len() != vals.len() {
+            return Err(bad(format!(
+                "{} values yielded for {} results",
+                vals.len(),
+                results.len()
+            )));
+        }
+        for (&r, v) in results.iter().zip(vals) {
+            self.set(r, v)?;
+        }
+        Ok(())
+    }
+
+    fn exec_for(
+        &mut self,
+        lower: ValueId,
+        upper: ValueId,
+        step: ValueId,
+        inits: &[ValueId],
+        body: &Block,
+    ) -> Result<Vec<Rc<Val>>, InterpError> {
+        let int = |m: &Self, v: ValueId| -> Result<i64, InterpError> {
+            m.get(v)?
+                .as_i64()
+                .ok_or_else(|| bad("loop bound is not an integer scalar"))
+        };
+        let (lo, hi, st) = (int(self, lower)?, int(self, upper)?, int(self, step)?);
+        let mut carried = inits
+            .iter()
+            .map(|&v| self.get(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        if lo >= hi {
+            return Ok(carried);
+        }
+        if st <= 0 {
+            return Err(InterpError::NonPositiveStep(st));
+        }
+        let (&iv, args) = body
+            .args
+            .split_first()
+            .ok_or_else(|| bad("for body without an induction variable"))?;
+        if args.len() != carried.len() {
+            return Err(bad("for body arguments differ from its inits"));
+        }
+        let mut i = lo;
+        while i < hi {
+            self.set(iv, Rc::new(scalar_i32(i)))?;
+            for (&a, v) in args.iter().zip(carried) {
+                self.set(a, v)?;
+            }
+            carried = self
+                .exec_block(body)?
+                .ok_or_else(|| bad("for body without yield"))?;
+            if carried.len() != args.len() {
+                return Err(bad("for body yields the wrong number of values"));
+            }
+            match i.checked_add(st) {
+                Some(n) => i = n,
+                None => break,
+            }
+        }
+        Ok(carried)
+    }
+
+    fn check_type(&self, v: ValueId, val: &Val) -> Result<(), InterpError> {
+        let ty = &self
+            .func
+            .values
+            .get(v)
+            .ok_or_else(|| bad("value does not exist"))?
+            .ty;
+        let (d, s) = split_type(ty);
+        if val.dtype != d || val.shape != s {
+            return Err(bad(format!(
+                "value #{} is declared {ty}, gets {} {:?}",
+                v.index(),
+                val.dtype,
+                val.shape
+            )));
+        }
+        Ok(())
+    }
+
+    /// Evaluates a non-control-flow instruction: `Some(value)` for one result, `None`
+    /// for stores.
+    fn eval(&mut self, op: &Op, results: &[ValueId]) -> Result<Option<Val>, InterpError> {
+        let v = match op {
+            Op::Const(c) => {
+                let (d, s) = self.result_type(results)?;
+                let n = checked_numel(&s)?;
+                Val::new(d, s, scalar_data(d, *c, n))?
+            }
+            Op::ProgramId(a) => scalar_i32(
+                *self
+                    .pid
+                    .get(*a as usize)
+                    .ok_or_else(|| bad("grid axis ≥ 3"))? as i64,
+            ),
+            Op::NumPrograms(a) => scalar_i32(
+                *self
+                    .grid
+                    .get(*a as usize)
+                    .ok_or_else(|| bad("grid axis ≥ 3"))? as i64,
+            ),
+            Op::ScalarParam(i) => match self.scalars.get(*i as usize) {
+                Some(Some(v)) => v.clone(),
+                _ => return Err(bad(format!("parameter {i} is not a scalar"))),
+            },
+            Op::TensorDim { tensor, dim } => {
+                let t = self.tensor(*tensor)?;
+                scalar_i32(
+                    *t.shape
+                        .get(*dim as usize)
+                        .ok_or_else(|| bad("dimension out of range"))? as i64,
+                )
+            }
+            Op::TensorStride { tensor, dim } => {
+                let t = self.tensor(*tensor)?;
+                scalar_i32(
+                    *t.strides
+                        .get(*dim as usize)
+                        .ok_or_else(|| bad("dimension out of range"))? as i64,
+                )
+            }
+            Op::Arange { start, end } => tile::arange(*start, *end)?,
+            Op::Splat(a) => {
+                let (_, s) = self.result_type(results)?;
+                tile::splat(&*self.get(*a)?, &s)?
+            }
+            Op::Broadcast(a) => {
+                let (_, s) = self.result_type(results)?;
+                tile::broadcast(&*self.get(*a)?, &s)?
+            }
+            Op::Reshape(a) => {
+                let (_, s) = self.result_type(results)?;
+                tile::reshape(&*self.get(*a)?, &s)?
+            }
+            Op::ExpandDims(a, axis) => {
+                let (_, s) = self.result_type(results)?;
+                tile::expand_dims(&*self.get(*a)?, *axis, &s)?
+            }
+            Op::Permute(a, perm) => tile::permute(&*self.get(*a)?, perm)?,
+            Op::Unary(u, a) => eval::unary(*u, &*self.get(*a)?)?,
+            Op::Binary(b, x, y) => eval::binary(*b, &*self.get(*x)?, &*self.get(*y)?)?,
+            Op::Compare(c, x, y) => eval::compare(*c, &*self.get(*x)?, &*self.get(*y)?)?,
+            Op::Select(c, x, y) => eval::select(&*self.get(*c)?, &*self.get(*x)?, &*self.get(*y)?)?,
+            Op::Fma(x, y, z) => eval::fma(&*self.get(*x)?, &*self.get(*y)?, &*self.get(*z)?)?,
+            Op::Cast(a) => {
+                let (d, _) = self.result_type(results)?;
+                eval::cast_val(&*self.get(*a)?, d)?
+            }
+            Op::Reduce { op, value, axis } => tile::reduce(*op, &*self.get(*value)?, *axis)?,
+            Op::Dot { a, b, acc } => {
+                tile::dot(&*self.get(*a)?, &*self.get(*b)?, &*self.get(*acc)?)?
+            }
+            Op::Load {
+                tensor,
+                index,
+                padding,
+            } => {
+                let (d, s) = self.result_type(results)?;
+                let base = self.tile_base(index, &s)?;
+                let t = self.tensor(*tensor)?;
+                if t.dtype != d {
+                    return Err(bad(format!("load of {d} from a {} tensor", t.dtype)));
+                }
+                let offs = memory::tile_offsets(t, &base, &s)?;
+                let data = memory::read(t, &offs, &scalar_data(d, *padding, 1))?;
+                Val::new(d, s, data)?
+            }
+            Op::Store {
+                tensor,
+                index,
+                value,
+            } => {
+                let v = self.get(*value)?;
+                let base = self.tile_base(index, &v.shape)?;
+                let t = self.tensor_mut(*tensor)?;
+                let offs = memory::tile_offsets(t, &base, &v.shape)?;
+                memory::write(t, &offs, &v)?;
+                return Ok(None);
+            }
+            Op::Gather {
+                tensor,
+                offsets,
+                mask,
+                other,
+            } => {
+                let (d, s) = self.result_type(results)?;
+                let (coords, mask) = self.coords(offsets, *mask)?;
+                let t = self.tensor(*tensor)?;
+                if t.dtype != d {
+                    return Err(bad(format!("gather of {d} from a {} tensor", t.dtype)));
+                }
+                let refs: Vec<&Val> = coords.iter().map(|c| &**c).collect();
+                let offs = memory::coord_offsets(t, &refs, mask.as_deref(), &s)?;
+                let data = memory::read(t, &offs, &scalar_data(d, *other, 1))?;
+                Val::new(d, s, data)?
+            }
+            Op::Scatter {
+                tensor,
+                offsets,
+                value,
+                mask,
+            }
+            | Op::AtomicAdd {
+                tensor,
+                offsets,
+                value,
+                mask,
+            } => {
+                let v = self.get(*value)?;
+                let (coords, mask) = self.coords(offsets, *mask)?;
+                let refs: Vec<&Val> = coords.iter().map(|c| &**c).collect();
+                let t = self.tensor_mut(*tensor)?;
+                let offs = memory::coord_offsets(t, &refs, mask.as_deref(), &v.shape)?;
+                if let Op::AtomicAdd { .. } = op {
+                    let old = memory::atomic_add(t, &offs, &v)?;
+                    Val::new(v.dtype, v.shape.clone(), old)?
+                } else {
+                    memory::write(t, &offs, &v)?;
+                    return Ok(None);
+                }
+            }
+            Op::For { .. } | Op::If { .. } | Op::Yield(_) => {
+                return Err(bad("control flow in eval"))
+            }
+        };
+        Ok(Some(v))
+    }
+
+    /// The first element's coordinates of a tile-indexed access: `index[d] * shape[d]`.
+    fn tile_base(&self, index: &[ValueId], shape: &[u32]) -> Result<Vec<i64>, InterpError> {
+        if index.len() != shape.len() {
+            return Err(bad(format!(
+                "{} tile indices for a rank-{} tile",
+                index.len(),
+                shape.len()
+            )));
+        }
+        index
+            .iter()
+            .zip(shape)
+            .map(|(&v, &s)| {
+                let i = self
+                    .get(v)?
+                    .as_i64()
+                    .ok_or_else(|| bad("tile index is not an integer scalar"))?;
+                Ok(i.saturating_mul(s as i64))
+            })
+            .collect()
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn coords(
+        &self,
+        offsets: &[ValueId],
+        mask: Option<ValueId>,
+    ) -> Result<(Vec<Rc<Val>>, Option<Rc<Val>>), InterpError> {
+        let coords = offsets
+            .iter()
+            .map(|&v| self.get(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mask = mask.map(|m| self.get(m)).transpose()?;
+        Ok((coords, mask))
+    }
+}
+
+fn split_type(ty: &ValueType) -> (DType, &[u32]) {
+    match ty {
+        ValueType::Scalar(d) => (*d, &[]),
+        ValueType::Tile(d, s) => (*d, s.dims()),
+    }
 }

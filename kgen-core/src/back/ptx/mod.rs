@@ -1,11 +1,42 @@
 //! The PTX back end: layout assignment, lowering to PTX instructions, and one printer.
+//!
+//! ```text
+//!   ir::Function ──assign──▶ layouts ──limits──▶ lower ──▶ isa::Module ──writer──▶ text
+//! ```
+//!
+//! Assumes: validated IR (`valid::validate` gave the `ModuleInfo`). Guarantees: a
+//! `CompiledKernel` whose PTX declares one `.param` per `AbiSlot` (for each source
+//! parameter in order — tensor: `.u64` pointer, `.s32` runtime extents, `.s32` strides
+//! except a contiguous last one; scalar: by value), or `Diagnostics`: `TargetLimit` for
+//! threads, shared memory and an estimated register count that the target cannot hold,
+//! `Unsupported` for constructs this back end does not lower.
 
-use crate::abi::{CompiledKernel, Specialization};
+pub mod assign;
+pub mod isa;
+pub mod layout;
+pub mod lower;
+pub mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use crate::abi::{
+    AbiParam, AbiSlot, CompiledKernel, KernelAbi, LaunchHints, SourceParam, Specialization,
+};
 use crate::diag::{Diagnostic, Diagnostics, ErrorCode};
-use crate::ir::Function;
+use crate::ir::{Block, Function, Op, ParamKind};
 use crate::span::Span;
 use crate::target::Target;
+use crate::types::DType;
 use crate::valid::ModuleInfo;
+use lower::ParamLoad;
+
+/// Registers (32-bit) that we leave for addresses, predicates and temporaries when
+/// checking the estimate against the per-thread budget.
+const REG_OVERHEAD: u32 = 32;
+/// The most registers per thread the estimate may reach (ptxas allows 255; beyond
+/// about 200 live tile registers it starts spilling).
+const REG_SOFT_LIMIT: u32 = 200;
 
 /// Writes PTX for one validated function.
 pub fn write(
@@ -14,10 +45,270 @@ pub fn write(
     target: &Target,
     spec: &Specialization,
 ) -> Result<CompiledKernel, Diagnostics> {
-    let _ = (func, info, target, spec);
-    Err(Diagnostics::single(Diagnostic::error(
-        ErrorCode::Unsupported,
-        Span::DUMMY,
-        "PTX back end not implemented yet",
-    )))
+    let _ = info;
+    let num_warps = spec.num_warps;
+    let threads = num_warps.saturating_mul(target.warp_size);
+    let first_span = func
+        .body
+        .insts
+        .first()
+        .map(|&i| func.insts[i].span)
+        .unwrap_or(Span::DUMMY);
+    if threads > target.max_threads_per_block {
+        return Err(limit(
+            first_span,
+            format!(
+                "{num_warps} warps make {threads} threads per block; {} allows at most {}",
+                target.arch, target.max_threads_per_block
+            ),
+            "use fewer warps",
+        ));
+    }
+    if num_warps == 0 || !num_warps.is_power_of_two() {
+        return Err(Diagnostics::single(Diagnostic::error(
+            ErrorCode::Unsupported,
+            first_span,
+            format!("the warp count must be a power of two from 1 to 32, not {num_warps}"),
+        )));
+    }
+
+    let asg = assign::assign(func, num_warps);
+    let (regs, at) = assign::estimate_registers(func, &asg);
+    let per_thread = (target.registers_per_sm / threads).min(target.max_registers_per_thread);
+    let budget = REG_SOFT_LIMIT.min(per_thread.saturating_sub(REG_OVERHEAD));
+    if regs > budget {
+        let span = at.map(|i| func.insts[i].span).unwrap_or(first_span);
+        return Err(limit(
+            span,
+            format!(
+                "the kernel needs about {} registers per thread with {num_warps} warps; the limit is {}",
+                regs + REG_OVERHEAD,
+                budget + REG_OVERHEAD
+            ),
+            "use smaller tiles or more warps (tiles live here hold too many elements per thread)",
+        ));
+    }
+
+    let (abi, loads) = build_abi(func, spec);
+    let lowered = lower::Lowerer::new(func, &asg, target).run(&loads)?;
+    if lowered.smem_bytes > target.max_shared_bytes_per_block {
+        return Err(limit(
+            first_span,
+            format!(
+                "the kernel needs {} bytes of shared memory; {} allows {} per block",
+                lowered.smem_bytes, target.arch, target.max_shared_bytes_per_block
+            ),
+            "use smaller tiles",
+        ));
+    }
+    // Static shared memory is limited to the default window; beyond it the buffer is
+    // dynamic and the launcher opts in.
+    let dynamic = lowered.smem_bytes > target.default_shared_bytes_per_block;
+    let shared = (lowered.smem_bytes > 0).then(|| isa::SharedDecl {
+        name: lower::SMEM.to_string(),
+        align: 16,
+        bytes: lowered.smem_bytes,
+        dynamic,
+    });
+    let entry = func.name.clone();
+    let module = isa::Module {
+        version: target.ptx_version,
+        target: target.ptx_target(),
+        entry: entry.clone(),
+        params: abi
+            .params
+            .iter()
+            .map(|p| isa::ParamDecl {
+                name: p.ptx_name.clone(),
+                ty: p.ptx_type,
+            })
+            .collect(),
+        max_ntid: threads,
+        reg_counts: lowered.reg_counts,
+        shared,
+        body: lowered.body,
+        header_comments: vec![
+            format!(
+                "kernel {} ({}), {} warps",
+                func.name, func.source_name, num_warps
+            ),
+            format!("specialization: {}", spec.key()),
+            format!(
+                "shared memory: {} bytes{}",
+                lowered.smem_bytes,
+                if dynamic { " (dynamic)" } else { "" }
+            ),
+        ],
+    };
+    let launch = LaunchHints {
+        threads_per_block: threads,
+        static_shared_bytes: if dynamic { 0 } else { lowered.smem_bytes },
+        dynamic_shared_bytes: if dynamic { lowered.smem_bytes } else { 0 },
+        grid_rank: grid_rank(func, &func.body).max(1),
+    };
+    Ok(CompiledKernel {
+        ptx: module.to_string(),
+        entry,
+        arch: target.arch,
+        abi,
+        launch,
+        spec: spec.clone(),
+    })
+}
+
+fn limit(span: Span, msg: String, help: &str) -> Diagnostics {
+    Diagnostics::single(
+        Diagnostic::error(ErrorCode::TargetLimit, span, msg).with_note(format!("help: {help}")),
+    )
+}
+
+/// The PTX type and size of a scalar parameter.
+fn scalar_param_type(dt: DType) -> (&'static str, u32) {
+    match dt {
+        DType::Bool => ("u32", 4),
+        DType::I32 => ("s32", 4),
+        DType::U32 => ("u32", 4),
+        DType::I64 => ("s64", 8),
+        DType::F16 | DType::BF16 => ("b16", 2),
+        DType::F32 => ("f32", 4),
+    }
+}
+
+/// The kernel ABI and how the prologue reads each parameter.
+fn build_abi(func: &Function, spec: &Specialization) -> (KernelAbi, Vec<ParamLoad>) {
+    let _ = spec;
+    let mut read = vec![false; func.params.len()];
+    let mut written = vec![false; func.params.len()];
+    access_flags(func, &func.body, &mut read, &mut written);
+    let mut abi = KernelAbi::default();
+    let mut loads = Vec::new();
+    for (i, p) in func.params.iter().enumerate() {
+        let param = i as u32;
+        match &p.kind {
+            ParamKind::Tensor(t) => {
+                abi.source_params.push(SourceParam::Tensor {
+                    name: p.name.clone(),
+                    dtype: t.dtype,
+                    dims: t.dims.clone(),
+                    contiguous: t.contiguous,
+                    align_bytes: t.align_bytes,
+                    written: written[i],
+                    read: read[i],
+                });
+                let ptr = format!("p_{}_ptr", p.name);
+                abi.params.push(AbiParam {
+                    ptx_name: ptr.clone(),
+                    ptx_type: "u64",
+                    size: 8,
+                    slot: AbiSlot::TensorPtr { param },
+                });
+                let mut dims = Vec::new();
+                for (d, ext) in t.dims.iter().enumerate() {
+                    match ext {
+                        Some(c) => dims.push(Err(*c)),
+                        None => {
+                            let name = format!("p_{}_dim{d}", p.name);
+                            abi.params.push(AbiParam {
+                                ptx_name: name.clone(),
+                                ptx_type: "s32",
+                                size: 4,
+                                slot: AbiSlot::TensorDim {
+                                    param,
+                                    dim: d as u8,
+                                },
+                            });
+                            dims.push(Ok(name));
+                        }
+                    }
+                }
+                let mut strides = Vec::new();
+                for d in 0..t.rank() {
+                    if t.contiguous && d + 1 == t.rank() {
+                        strides.push(None);
+                        continue;
+                    }
+                    let name = format!("p_{}_stride{d}", p.name);
+                    abi.params.push(AbiParam {
+                        ptx_name: name.clone(),
+                        ptx_type: "s32",
+                        size: 4,
+                        slot: AbiSlot::TensorStride {
+                            param,
+                            dim: d as u8,
+                        },
+                    });
+                    strides.push(Some(name));
+                }
+                loads.push(ParamLoad::Tensor { ptr, dims, strides });
+            }
+            ParamKind::Scalar(dt) => {
+                abi.source_params.push(SourceParam::Scalar {
+                    name: p.name.clone(),
+                    dtype: *dt,
+                });
+                let (ty, size) = scalar_param_type(*dt);
+                let name = format!("p_{}", p.name);
+                abi.params.push(AbiParam {
+                    ptx_name: name.clone(),
+                    ptx_type: ty,
+                    size,
+                    slot: AbiSlot::Scalar { param, dtype: *dt },
+                });
+                loads.push(ParamLoad::Scalar { name, dtype: *dt });
+            }
+        }
+    }
+    (abi, loads)
+}
+
+fn access_flags(func: &Function, b: &Block, read: &mut [bool], written: &mut [bool]) {
+    for &i in &b.insts {
+        match &func.insts[i].op {
+            Op::Load { tensor, .. } | Op::Gather { tensor, .. } => {
+                if let Some(r) = read.get_mut(*tensor as usize) {
+                    *r = true;
+                }
+            }
+            Op::Store { tensor, .. } | Op::Scatter { tensor, .. } => {
+                if let Some(w) = written.get_mut(*tensor as usize) {
+                    *w = true;
+                }
+            }
+            Op::AtomicAdd { tensor, .. } => {
+                if let Some(r) = read.get_mut(*tensor as usize) {
+                    *r = true;
+                }
+                if let Some(w) = written.get_mut(*tensor as usize) {
+                    *w = true;
+                }
+            }
+            Op::For { body, .. } => access_flags(func, body, read, written),
+            Op::If {
+                then_body,
+                else_body,
+                ..
+            } => {
+                access_flags(func, then_body, read, written);
+                access_flags(func, else_body, read, written);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn grid_rank(func: &Function, b: &Block) -> u8 {
+    let mut r = 0u8;
+    for &i in &b.insts {
+        r = r.max(match &func.insts[i].op {
+            Op::ProgramId(a) | Op::NumPrograms(a) => a.saturating_add(1),
+            Op::For { body, .. } => grid_rank(func, body),
+            Op::If {
+                then_body,
+                else_body,
+                ..
+            } => grid_rank(func, then_body).max(grid_rank(func, else_body)),
+            _ => 0,
+        });
+    }
+    r
 }

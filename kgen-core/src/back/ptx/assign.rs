@@ -1,0 +1,456 @@
+//! Layout assignment: gives every value a [`Layout`].
+//!
+//! Assumes: validated IR (types exact, regions end in `Yield`), a power-of-two warp count.
+//! Guarantees: every value has a layout (`Uniform` for scalars); tile layouts cover the
+//! value's shape. It does not insert conversions: where an instruction meets operands in
+//! another layout, lowering converts them (free register renaming when the two layouts
+//! place data in the same threads, else a round trip through shared memory).
+//!
+//! The policy (Triton's coalesce + remove-layout-conversions, simplified):
+//! - Anchors: every tile shape gets one default `Blocked` layout whose `size_per_thread`
+//!   along the last dim is the widest vector any global access of that (squeezed) shape
+//!   can use: `min(16 B, align_bytes) / elem_size`. Lanes fill the contiguous dim first
+//!   (coalescing), warps last. Unit dims do not count, so `[1, N]` and `[N]` agree.
+//! - Element-wise results take the layout of their first operand that is not a splat or
+//!   constant (those can be re-materialized in any layout for free).
+//! - Reductions give `Slice`; `expand_dims` of a `Slice` gives back its parent, and
+//!   broadcast / permute / reshape keep the source's distribution when they can
+//!   (preferring the default layout of the result shape when that is equally free).
+//! - Loop-carried values take the layout of their initial value, unless that is a
+//!   constant or splat: then they take the layout the body yields (one re-run).
+
+use super::layout::{self, Blocked, Layout, Linear};
+use crate::ir::{Block, Function, Op, ValueId};
+use crate::types::{DType, ValueType};
+use std::collections::HashMap;
+
+/// The layouts of one function.
+pub struct Assignment {
+    layouts: Vec<Option<Layout>>,
+    /// Values that hold the same element everywhere (constant or splat tiles).
+    uniform_tile: Vec<bool>,
+    pub num_warps: u32,
+    /// Preferred vector width per squeezed padded shape.
+    pref_vec: HashMap<Vec<u32>, u32>,
+}
+
+impl Assignment {
+    pub fn layout(&self, v: ValueId) -> Layout {
+        self.layouts
+            .get(v.index())
+            .cloned()
+            .flatten()
+            .unwrap_or(Layout::Uniform)
+    }
+
+    /// The anchor layout of a tile shape: blocked, vectorized for the global accesses of
+    /// that shape.
+    pub fn default_layout(&self, shape: &[u32]) -> Layout {
+        let vec = self.pref_vec.get(&squeeze(shape)).copied().unwrap_or(1);
+        Layout::Blocked(Blocked::default_for(shape, vec, self.num_warps))
+    }
+
+    pub fn is_uniform_tile(&self, v: ValueId) -> bool {
+        self.uniform_tile.get(v.index()).copied().unwrap_or(false)
+    }
+
+    /// The canonical layout of `v` (rank 0 for scalars).
+    pub fn linear(&self, func: &Function, v: ValueId) -> Linear {
+        let shape = crate::ir::shape_of(func.value_type(v)).to_vec();
+        self.layout(v).linear(&shape, self.num_warps)
+    }
+}
+
+struct Assigner<'f> {
+    func: &'f Function,
+    num_warps: u32,
+    out: Assignment,
+}
+
+fn squeeze(shape: &[u32]) -> Vec<u32> {
+    layout::padded(shape)
+        .into_iter()
+        .filter(|&d| d != 1)
+        .collect()
+}
+
+/// Assigns layouts to every value of `func`.
+pub fn assign(func: &Function, num_warps: u32) -> Assignment {
+    let n = func.values.len();
+    let mut a = Assigner {
+        func,
+        num_warps,
+        out: Assignment {
+            layouts: vec![None; n],
+            uniform_tile: vec![false; n],
+            num_warps,
+            pref_vec: HashMap::new(),
+        },
+    };
+    a.collect_vectors(&func.body);
+    a.block(&func.body);
+    a.out
+}
+
+impl Assigner<'_> {
+    fn collect_vectors(&mut self, block: &Block) {
+        for &i in &block.insts {
+            let inst = &self.func.insts[i];
+            let (tensor, v) = match &inst.op {
+                Op::Load { tensor, .. } => (*tensor, inst.results.first().copied()),
+                Op::Store { tensor, value, .. } => (*tensor, Some(*value)),
+                Op::For { body, .. } => {
+                    self.collect_vectors(body);
+                    continue;
+                }
+                Op::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    self.collect_vectors(then_body);
+                    self.collect_vectors(else_body);
+                    continue;
+                }
+                _ => continue,
+            };
+            let (Some(t), Some(v)) = (self.func.tensor_param(tensor), v) else {
+                continue;
+            };
+            let shape = crate::ir::shape_of(self.func.value_type(v));
+            if shape.is_empty() {
+                continue;
+            }
+            let es = t.dtype.size_bytes();
+            let vec = if t.contiguous {
+                (16.min(t.align_bytes.max(es)) / es).max(1)
+            } else {
+                1
+            };
+            let e = self.out.pref_vec.entry(squeeze(shape)).or_insert(1);
+            *e = (*e).max(vec);
+        }
+    }
+
+    fn default_layout(&self, shape: &[u32]) -> Layout {
+        self.out.default_layout(shape)
+    }
+
+    fn shape(&self, v: ValueId) -> Vec<u32> {
+        crate::ir::shape_of(self.func.value_type(v)).to_vec()
+    }
+
+    fn lin(&self, v: ValueId) -> Linear {
+        self.out.linear(self.func, v)
+    }
+
+    fn set(&mut self, v: ValueId, l: Layout) {
+        if let Some(slot) = self.out.layouts.get_mut(v.index()) {
+            *slot = Some(l);
+        }
+    }
+
+    fn uniform(&self, v: ValueId) -> bool {
+        self.out.is_uniform_tile(v) || matches!(self.func.value_type(v), ValueType::Scalar(_))
+    }
+
+    /// The layout of the first operand that is a real (non-uniform) tile, else the
+    /// default for `shape`.
+    fn follow(&self, operands: &[ValueId], shape: &[u32]) -> Layout {
+        for &o in operands {
+            if !self.uniform(o) && self.shape(o) == shape {
+                return self.out.layout(o);
+            }
+        }
+        self.default_layout(shape)
+    }
+
+    /// A layout for the result of a shape operation with the given weight map: the
+    /// result shape's default layout if it is free, else `named` if free, else the
+    /// source's distribution relabeled.
+    fn shape_result(
+        &self,
+        src: ValueId,
+        dst_shape: &[u32],
+        weights: &[u64],
+        named: Option<Layout>,
+    ) -> Layout {
+        let sl = self.lin(src);
+        let def = self.default_layout(dst_shape);
+        if layout::free_remap(&sl, &def.linear(dst_shape, self.num_warps), weights).is_some() {
+            return def;
+        }
+        if let Some(n) = named {
+            if layout::free_remap(&sl, &n.linear(dst_shape, self.num_warps), weights).is_some() {
+                return n;
+            }
+        }
+        Layout::Linear(layout::relabel_through(&sl, dst_shape, weights))
+    }
+
+    fn block(&mut self, block: &Block) {
+        for &i in &block.insts {
+            self.inst(i);
+        }
+    }
+
+    fn inst(&mut self, id: crate::ir::InstId) {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let res = inst.results.first().copied();
+        let rshape = res.map(|r| self.shape(r)).unwrap_or_default();
+        let scalar = rshape.is_empty();
+        let layout = match &inst.op {
+            Op::For { inits, body, .. } => {
+                self.for_loop(inits, body, &inst.results);
+                return;
+            }
+            Op::If {
+                then_body,
+                else_body,
+                ..
+            } => {
+                self.block(then_body);
+                self.block(else_body);
+                let ty = |b: &Block| -> Vec<ValueId> {
+                    b.insts
+                        .last()
+                        .and_then(|&l| match &func.insts[l].op {
+                            Op::Yield(v) => Some(v.clone()),
+                            _ => None,
+                        })
+                        .unwrap_or_default()
+                };
+                let (ty_then, ty_else) = (ty(then_body), ty(else_body));
+                for (k, &r) in inst.results.iter().enumerate() {
+                    let cands: Vec<ValueId> = ty_then
+                        .get(k)
+                        .iter()
+                        .chain(ty_else.get(k).iter())
+                        .map(|&&v| v)
+                        .collect();
+                    let l = self.follow(&cands, &self.shape(r));
+                    self.set(r, l);
+                }
+                return;
+            }
+            _ if scalar => Layout::Uniform,
+            Op::Const(_) | Op::Splat(_) => {
+                if let Some(r) = res {
+                    if let Some(u) = self.out.uniform_tile.get_mut(r.index()) {
+                        *u = true;
+                    }
+                }
+                self.default_layout(&rshape)
+            }
+            Op::Arange { .. } | Op::Load { .. } => self.default_layout(&rshape),
+            Op::Unary(_, a) | Op::Cast(a) => self.follow(&[*a], &rshape),
+            Op::Binary(_, a, b) | Op::Compare(_, a, b) => self.follow(&[*a, *b], &rshape),
+            Op::Select(c, a, b) => self.follow(&[*a, *b, *c], &rshape),
+            Op::Fma(a, b, c) => self.follow(&[*a, *b, *c], &rshape),
+            Op::Reduce { value, axis, .. } => Layout::Slice {
+                parent: Box::new(self.out.layout(*value)),
+                dim: *axis,
+            },
+            Op::Broadcast(v) => {
+                let w = layout::broadcast_weights(&self.shape(*v), &rshape);
+                let named = self.out.layout(*v);
+                self.shape_result(*v, &rshape, &w, Some(named))
+            }
+            Op::ExpandDims(v, axis) => {
+                let w = layout::expand_dims_weights(&self.shape(*v), *axis as usize);
+                let named = match self.out.layout(*v) {
+                    Layout::Slice { parent, dim } if dim == *axis => Some(*parent),
+                    _ => None,
+                };
+                self.shape_result(*v, &rshape, &w, named)
+            }
+            Op::Permute(v, perm) => match layout::permute_weights(&self.shape(*v), perm) {
+                Some(w) => self.shape_result(*v, &rshape, &w, None),
+                None => self.default_layout(&rshape),
+            },
+            Op::Reshape(v) => match layout::reshape_weights(&self.shape(*v), &rshape) {
+                Some(w) => self.shape_result(*v, &rshape, &w, None),
+                None => self.default_layout(&rshape),
+            },
+            Op::Gather { offsets, mask, .. } => {
+                let mut ops = offsets.clone();
+                ops.extend(mask.iter().copied());
+                self.follow(&ops, &rshape)
+            }
+            Op::AtomicAdd {
+                offsets,
+                value,
+                mask,
+                ..
+            } => {
+                let mut ops = vec![*value];
+                ops.extend(offsets.iter().copied());
+                ops.extend(mask.iter().copied());
+                self.follow(&ops, &rshape)
+            }
+            Op::Dot { acc, .. } => self.follow(&[*acc], &rshape),
+            _ => self.default_layout(&rshape),
+        };
+        for &r in &inst.results {
+            self.set(r, layout.clone());
+        }
+    }
+
+    fn for_loop(&mut self, inits: &[ValueId], body: &Block, results: &[ValueId]) {
+        if let Some(&iv) = body.args.first() {
+            self.set(iv, Layout::Uniform);
+        }
+        for (k, &init) in inits.iter().enumerate() {
+            if let Some(&arg) = body.args.get(k + 1) {
+                let l = self.out.layout(init);
+                self.set(arg, l);
+            }
+        }
+        self.block(body);
+        // Carried values that start as constants/splats follow what the body yields.
+        let yields: Vec<ValueId> = body
+            .insts
+            .last()
+            .and_then(|&l| match &self.func.insts[l].op {
+                Op::Yield(v) => Some(v.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let mut changed = false;
+        for (k, &init) in inits.iter().enumerate() {
+            let (Some(&arg), Some(&y)) = (body.args.get(k + 1), yields.get(k)) else {
+                continue;
+            };
+            if self.uniform(init) && !self.uniform(y) && self.shape(y) == self.shape(arg) {
+                let yl = self.out.layout(y);
+                if yl != self.out.layout(arg) {
+                    self.set(arg, yl);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            self.block(body);
+        }
+        for (k, &r) in results.iter().enumerate() {
+            if let Some(&arg) = body.args.get(k + 1) {
+                let l = self.out.layout(arg);
+                self.set(r, l);
+            }
+        }
+    }
+}
+
+/// 32-bit registers one thread needs to hold `v` (an estimate for the limit check).
+pub fn value_regs(func: &Function, asg: &Assignment, v: ValueId) -> u32 {
+    let ty = func.value_type(v);
+    let words = if ty.dtype() == DType::I64 { 2 } else { 1 };
+    if matches!(ty, ValueType::Scalar(_)) || asg.is_uniform_tile(v) {
+        return words;
+    }
+    asg.linear(func, v).num_regs() as u32 * words
+}
+
+/// Peak number of 32-bit registers held by simultaneously live values, and an
+/// instruction at the peak. Values used inside a loop stay live for the whole loop.
+pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<crate::ir::InstId>) {
+    struct Walk {
+        pos: usize,
+        def: HashMap<ValueId, usize>,
+        last: HashMap<ValueId, usize>,
+        at: Vec<crate::ir::InstId>,
+    }
+    fn walk(func: &Function, b: &Block, w: &mut Walk, loops: &mut Vec<(usize, usize)>) {
+        for &i in &b.insts {
+            let inst = &func.insts[i];
+            let here = w.pos;
+            w.pos += 1;
+            w.at.push(i);
+            for v in Function::operands(&inst.op) {
+                use_at(w, v, here, loops);
+            }
+            match &inst.op {
+                Op::For { body, .. } => {
+                    for &a in &body.args {
+                        w.def.insert(a, here);
+                    }
+                    let start = here;
+                    // Find the loop's extent first (count), then walk with it known.
+                    let end = here + count(func, body) + 1;
+                    loops.push((start, end));
+                    walk(func, body, w, loops);
+                    loops.pop();
+                    for &a in &body.args {
+                        let e = w.last.entry(a).or_insert(end);
+                        *e = (*e).max(end);
+                    }
+                }
+                Op::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    walk(func, then_body, w, loops);
+                    walk(func, else_body, w, loops);
+                }
+                _ => {}
+            }
+            for &r in &inst.results {
+                w.def.insert(r, w.pos);
+            }
+        }
+    }
+    fn count(func: &Function, b: &Block) -> usize {
+        b.insts
+            .iter()
+            .map(|&i| {
+                1 + match &func.insts[i].op {
+                    Op::For { body, .. } => count(func, body),
+                    Op::If {
+                        then_body,
+                        else_body,
+                        ..
+                    } => count(func, then_body) + count(func, else_body),
+                    _ => 0,
+                }
+            })
+            .sum()
+    }
+    fn use_at(w: &mut Walk, v: ValueId, at: usize, loops: &[(usize, usize)]) {
+        let d = w.def.get(&v).copied().unwrap_or(0);
+        let mut last = at;
+        for &(s, e) in loops {
+            if s >= d {
+                last = last.max(e);
+            }
+        }
+        let e = w.last.entry(v).or_insert(last);
+        *e = (*e).max(last);
+    }
+    let mut w = Walk {
+        pos: 0,
+        def: HashMap::new(),
+        last: HashMap::new(),
+        at: Vec::new(),
+    };
+    walk(func, &func.body, &mut w, &mut Vec::new());
+    let n = w.pos + 2;
+    let mut diff = vec![0i64; n + 1];
+    for (&v, &d) in &w.def {
+        let l = w.last.get(&v).copied().unwrap_or(d).max(d).min(n - 1);
+        let r = value_regs(func, asg, v) as i64;
+        diff[d.min(n - 1)] += r;
+        diff[l + 1] -= r;
+    }
+    let (mut cur, mut best, mut best_at) = (0i64, 0i64, 0usize);
+    for (p, d) in diff.iter().enumerate() {
+        cur += d;
+        if cur > best {
+            best = cur;
+            best_at = p;
+        }
+    }
+    let at = w.at.get(best_at.saturating_sub(1)).copied();
+    (best.max(0) as u32, at)
+}

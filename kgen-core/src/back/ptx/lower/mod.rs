@@ -1,0 +1,800 @@
+//! Lowering: tile IR with layouts → the PTX instruction model (`isa`).
+//!
+//! Assumes: validated IR; `assign` gave every value a layout. Guarantees: every PTX
+//! choice (vector width, `mul.wide`, rounding modes, no `.ftz`, predicates) is made here;
+//! unsupported input comes back as `ErrorCode::Unsupported` with the instruction's span,
+//! never a panic.
+//!
+//! Value representation: a value is one register per register slot of its layout
+//! (`Linear::num_regs`; one for scalars). `bool` lives in predicates, 32-bit integers in
+//! `%r`, `i64` in `%rd`, and `f32`, `f16`, `bf16` all in `%f`: half values are kept
+//! widened to f32 and rounded to their dtype after every operation, which is what the
+//! interpreter computes. Scalars are computed redundantly by every thread.
+//!
+//! Code that depends only on the thread id or on kernel parameters (thread coordinates,
+//! replica predicates, tensor pointers) goes to a prologue, so it is available in every
+//! region.
+
+mod arith;
+mod memory;
+mod reduce;
+mod shape;
+
+use super::assign::Assignment;
+use super::isa::{Addr, Inst, Operand, Reg, RegClass, Stmt};
+use super::layout::Linear;
+use crate::diag::{Diagnostic, Diagnostics, ErrorCode};
+use crate::ir::{Block, Function, InstId, Op, ParamKind, ValueId};
+use crate::span::Span;
+use crate::target::Target;
+use crate::types::DType;
+use std::collections::HashMap;
+
+pub type R<T> = Result<T, Diagnostics>;
+
+/// The name of the one shared-memory buffer.
+pub const SMEM: &str = "kg_smem";
+
+pub fn unsupported(span: Span, msg: impl Into<String>) -> Diagnostics {
+    Diagnostics::single(Diagnostic::error(ErrorCode::Unsupported, span, msg))
+}
+
+/// The register class holding a value of `dt`.
+pub fn class_of(dt: DType) -> RegClass {
+    match dt {
+        DType::Bool => RegClass::Pred,
+        DType::I32 | DType::U32 => RegClass::B32,
+        DType::I64 => RegClass::B64,
+        DType::F16 | DType::BF16 | DType::F32 => RegClass::F32,
+    }
+}
+
+/// A tensor dimension's extent or stride: known, or a parameter loaded into a register.
+#[derive(Clone, Copy, Debug)]
+pub enum Ext {
+    Const(i64),
+    Reg(Reg),
+}
+
+impl Ext {
+    pub fn op(self) -> Operand {
+        match self {
+            Ext::Const(c) => Operand::Imm(c),
+            Ext::Reg(r) => Operand::Reg(r),
+        }
+    }
+}
+
+/// A tensor parameter as the body sees it.
+#[derive(Clone, Debug)]
+pub struct TensorRegs {
+    pub base: Reg,
+    pub dims: Vec<Ext>,
+    pub strides: Vec<Ext>,
+}
+
+/// How each PTX parameter is read (built by the ABI code in `back::ptx`).
+pub enum ParamLoad {
+    Tensor {
+        ptr: String,
+        dims: Vec<Result<String, u32>>,
+        strides: Vec<Option<String>>,
+    },
+    Scalar {
+        name: String,
+        dtype: DType,
+    },
+}
+
+/// What lowering produces besides the instructions.
+pub struct Lowered {
+    pub body: Vec<Stmt>,
+    pub reg_counts: [u32; 6],
+    pub smem_bytes: u32,
+}
+
+pub struct Lowerer<'a> {
+    pub func: &'a Function,
+    pub asg: &'a Assignment,
+    pub target: &'a Target,
+    pub num_warps: u32,
+    reg_counts: [u32; 6],
+    labels: u32,
+    prologue: Vec<Stmt>,
+    body: Vec<Stmt>,
+    in_prologue: bool,
+    vals: HashMap<ValueId, Vec<Reg>>,
+    /// Converted copies of values, one map per open region.
+    conv_cache: Vec<HashMap<(ValueId, Linear), Vec<Reg>>>,
+    tid: Option<Reg>,
+    bits_cache: HashMap<Vec<(u32, u32)>, Reg>,
+    replica_cache: HashMap<u32, Reg>,
+    smem_base: Option<Reg>,
+    zero16: Option<Reg>,
+    pub smem_bytes: u32,
+    tensors: Vec<Option<TensorRegs>>,
+    scalars: Vec<Option<Reg>>,
+    uses: HashMap<ValueId, usize>,
+}
+
+impl<'a> Lowerer<'a> {
+    pub fn new(func: &'a Function, asg: &'a Assignment, target: &'a Target) -> Lowerer<'a> {
+        let mut uses = HashMap::new();
+        count_uses(func, &func.body, &mut uses);
+        Lowerer {
+            func,
+            asg,
+            target,
+            num_warps: asg.num_warps,
+            reg_counts: [0; 6],
+            labels: 0,
+            prologue: Vec::new(),
+            body: Vec::new(),
+            in_prologue: false,
+            vals: HashMap::new(),
+            conv_cache: vec![HashMap::new()],
+            tid: None,
+            bits_cache: HashMap::new(),
+            replica_cache: HashMap::new(),
+            smem_base: None,
+            zero16: None,
+            smem_bytes: 0,
+            tensors: Vec::new(),
+            scalars: Vec::new(),
+            uses,
+        }
+    }
+
+    /// Lowers the whole function; `params` says how each source parameter is read.
+    pub fn run(mut self, params: &[ParamLoad]) -> R<Lowered> {
+        self.in_prologue = true;
+        self.load_params(params)?;
+        self.in_prologue = false;
+        let func = self.func;
+        let y = self.block(&func.body)?;
+        if !y.is_empty() {
+            return Err(unsupported(Span::DUMMY, "yield at kernel level"));
+        }
+        self.emit("ret", vec![]);
+        let mut body = std::mem::take(&mut self.prologue);
+        body.push(Stmt::Comment("body".into()));
+        body.append(&mut self.body);
+        Ok(Lowered {
+            body,
+            reg_counts: self.reg_counts,
+            smem_bytes: self.smem_bytes,
+        })
+    }
+
+    // ---- emission helpers ------------------------------------------------------------
+
+    pub fn reg(&mut self, class: RegClass) -> Reg {
+        let c = &mut self.reg_counts[class.index()];
+        *c += 1;
+        Reg { class, n: *c }
+    }
+
+    fn push(&mut self, s: Stmt) {
+        if self.in_prologue {
+            self.prologue.push(s)
+        } else {
+            self.body.push(s)
+        }
+    }
+
+    pub fn emit(&mut self, opcode: impl Into<String>, operands: Vec<Operand>) {
+        self.emit_if(None, opcode, operands)
+    }
+
+    pub fn emit_if(
+        &mut self,
+        guard: Option<(Reg, bool)>,
+        opcode: impl Into<String>,
+        operands: Vec<Operand>,
+    ) {
+        self.push(Stmt::Inst(Inst {
+            guard,
+            opcode: opcode.into(),
+            operands,
+        }))
+    }
+
+    /// `opcode d, operands...` into a fresh register of `class`.
+    pub fn op1(&mut self, class: RegClass, opcode: &str, mut operands: Vec<Operand>) -> Reg {
+        let d = self.reg(class);
+        operands.insert(0, d.into());
+        self.emit(opcode, operands);
+        d
+    }
+
+    pub fn comment(&mut self, c: impl Into<String>) {
+        self.push(Stmt::Comment(c.into()))
+    }
+
+    pub fn new_label(&mut self) -> u32 {
+        self.labels += 1;
+        self.labels
+    }
+
+    pub fn place_label(&mut self, l: u32) {
+        self.push(Stmt::Label(l))
+    }
+
+    /// Runs `f` with emission redirected to the prologue.
+    pub fn in_prologue<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let saved = self.in_prologue;
+        self.in_prologue = true;
+        let r = f(self);
+        self.in_prologue = saved;
+        r
+    }
+
+    pub fn mov(&mut self, d: Reg, s: Operand) {
+        let ty = match d.class {
+            RegClass::Pred => "mov.pred",
+            RegClass::B16 => "mov.b16",
+            RegClass::B32 => "mov.b32",
+            RegClass::B64 => "mov.b64",
+            RegClass::F32 => "mov.f32",
+            RegClass::F64 => "mov.f64",
+        };
+        self.emit(ty, vec![d.into(), s]);
+    }
+
+    /// A fresh register of the same class holding a copy of `s`.
+    pub fn copy(&mut self, s: Reg) -> Reg {
+        let d = self.reg(s.class);
+        self.mov(d, s.into());
+        d
+    }
+
+    // ---- thread-dependent values (prologue) ------------------------------------------
+
+    pub fn tid(&mut self) -> Reg {
+        if let Some(t) = self.tid {
+            return t;
+        }
+        let t = self.in_prologue(|l| {
+            l.op1(
+                RegClass::B32,
+                "mov.u32",
+                vec![Operand::Sym("%tid.x".into())],
+            )
+        });
+        self.tid = Some(t);
+        t
+    }
+
+    /// `sum(((tid >> h) & 1) << b)` over the `(h, b)` pairs; `None` for no pairs.
+    pub fn tid_bits(&mut self, pairs: &[(u32, u32)]) -> Option<Reg> {
+        if pairs.is_empty() {
+            return None;
+        }
+        let mut pairs = pairs.to_vec();
+        pairs.sort();
+        if let Some(&r) = self.bits_cache.get(&pairs) {
+            return Some(r);
+        }
+        let tid = self.tid();
+        let r = self.in_prologue(|l| {
+            // Runs of consecutive tid bits that land on consecutive coordinate bits.
+            let mut runs: Vec<(u32, u32, u32)> = Vec::new();
+            for &(h, b) in &pairs {
+                match runs.last_mut() {
+                    Some((h0, b0, len)) if *h0 + *len == h && *b0 + *len == b => *len += 1,
+                    _ => runs.push((h, b, 1)),
+                }
+            }
+            let mut acc: Option<Reg> = None;
+            for (h, b, len) in runs {
+                let mut t = l.op1(
+                    RegClass::B32,
+                    "bfe.u32",
+                    vec![tid.into(), Operand::Imm(h as i64), Operand::Imm(len as i64)],
+                );
+                if b > 0 {
+                    t = l.op1(
+                        RegClass::B32,
+                        "shl.b32",
+                        vec![t.into(), Operand::Imm(b as i64)],
+                    );
+                }
+                acc = Some(match acc {
+                    None => t,
+                    Some(a) => l.op1(RegClass::B32, "or.b32", vec![a.into(), t.into()]),
+                });
+            }
+            acc
+        });
+        if let Some(r) = r {
+            self.bits_cache.insert(pairs, r);
+        }
+        r
+    }
+
+    /// The thread part of the coordinate along `dim` (`None` when it is always 0).
+    pub fn thread_coord(&mut self, lin: &Linear, dim: usize) -> Option<Reg> {
+        let bits = lin.thread_bits(dim);
+        self.tid_bits(&bits)
+    }
+
+    /// A predicate true in the one replica that writes (`None`: no replicas).
+    pub fn replica0(&mut self, lin: &Linear) -> Option<Reg> {
+        let threads = 32 * self.num_warps;
+        let mask = lin.replica_mask() & (threads - 1);
+        if mask == 0 {
+            return None;
+        }
+        if let Some(&p) = self.replica_cache.get(&mask) {
+            return Some(p);
+        }
+        let tid = self.tid();
+        let p = self.in_prologue(|l| {
+            let t = l.op1(
+                RegClass::B32,
+                "and.b32",
+                vec![tid.into(), Operand::Imm(mask as i64)],
+            );
+            l.op1(
+                RegClass::Pred,
+                "setp.eq.u32",
+                vec![t.into(), Operand::Imm(0)],
+            )
+        });
+        self.replica_cache.insert(mask, p);
+        Some(p)
+    }
+
+    /// The shared-memory buffer's address (32-bit, `.shared` window).
+    pub fn smem_base(&mut self) -> Reg {
+        if let Some(r) = self.smem_base {
+            return r;
+        }
+        let r =
+            self.in_prologue(|l| l.op1(RegClass::B32, "mov.u32", vec![Operand::Sym(SMEM.into())]));
+        self.smem_base = Some(r);
+        r
+    }
+
+    /// Starts a use of shared memory of `bytes`: waits until every thread is done with
+    /// the previous use.
+    pub fn smem_begin(&mut self, bytes: u32) -> Reg {
+        self.smem_bytes = self.smem_bytes.max(bytes);
+        self.emit("bar.sync", vec![Operand::Imm(0)]);
+        self.smem_base()
+    }
+
+    pub fn barrier(&mut self) {
+        self.emit("bar.sync", vec![Operand::Imm(0)]);
+    }
+
+    /// A b16 register holding 0 (for widening bf16 with `mov.b32 %f, {0, h}`).
+    pub fn zero16(&mut self) -> Reg {
+        if let Some(r) = self.zero16 {
+            return r;
+        }
+        let r = self.in_prologue(|l| l.op1(RegClass::B16, "mov.b16", vec![Operand::Imm(0)]));
+        self.zero16 = Some(r);
+        r
+    }
+
+    // ---- parameters ------------------------------------------------------------------
+
+    fn load_params(&mut self, params: &[ParamLoad]) -> R<()> {
+        for p in params {
+            match p {
+                ParamLoad::Tensor { ptr, dims, strides } => {
+                    let raw = self.op1(RegClass::B64, "ld.param.u64", vec![mem_sym(ptr)]);
+                    let base = self.op1(RegClass::B64, "cvta.to.global.u64", vec![raw.into()]);
+                    let dims = dims
+                        .iter()
+                        .map(|d| match d {
+                            Ok(name) => Ext::Reg(self.op1(
+                                RegClass::B32,
+                                "ld.param.s32",
+                                vec![mem_sym(name)],
+                            )),
+                            Err(c) => Ext::Const(*c as i64),
+                        })
+                        .collect();
+                    let strides = strides
+                        .iter()
+                        .map(|s| match s {
+                            Some(name) => Ext::Reg(self.op1(
+                                RegClass::B32,
+                                "ld.param.s32",
+                                vec![mem_sym(name)],
+                            )),
+                            None => Ext::Const(1),
+                        })
+                        .collect();
+                    self.tensors.push(Some(TensorRegs {
+                        base,
+                        dims,
+                        strides,
+                    }));
+                    self.scalars.push(None);
+                }
+                ParamLoad::Scalar { name, dtype } => {
+                    let r = match dtype {
+                        DType::Bool => {
+                            let t = self.op1(RegClass::B32, "ld.param.u32", vec![mem_sym(name)]);
+                            self.op1(
+                                RegClass::Pred,
+                                "setp.ne.u32",
+                                vec![t.into(), Operand::Imm(0)],
+                            )
+                        }
+                        DType::I32 => self.op1(RegClass::B32, "ld.param.s32", vec![mem_sym(name)]),
+                        DType::U32 => self.op1(RegClass::B32, "ld.param.u32", vec![mem_sym(name)]),
+                        DType::I64 => self.op1(RegClass::B64, "ld.param.s64", vec![mem_sym(name)]),
+                        DType::F32 => self.op1(RegClass::F32, "ld.param.f32", vec![mem_sym(name)]),
+                        DType::F16 | DType::BF16 => {
+                            let h = self.op1(RegClass::B16, "ld.param.b16", vec![mem_sym(name)]);
+                            self.widen_half(h, *dtype)
+                        }
+                    };
+                    self.tensors.push(None);
+                    self.scalars.push(Some(r));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn tensor(&self, index: u32, span: Span) -> R<(TensorRegs, crate::ir::TensorParam)> {
+        let t = self.tensors.get(index as usize).cloned().flatten();
+        let p = self.func.tensor_param(index).cloned();
+        match (t, p) {
+            (Some(t), Some(p)) => Ok((t, p)),
+            _ => Err(unsupported(
+                span,
+                format!("parameter {index} is not a tensor"),
+            )),
+        }
+    }
+
+    /// f16/bf16 bits in a b16 register → the widened f32 value.
+    pub fn widen_half(&mut self, h: Reg, dt: DType) -> Reg {
+        if dt == DType::BF16 {
+            let z = self.zero16();
+            self.op1(RegClass::F32, "mov.b32", vec![Operand::Vec(vec![z, h])])
+        } else {
+            self.op1(RegClass::F32, "cvt.f32.f16", vec![h.into()])
+        }
+    }
+
+    // ---- values ----------------------------------------------------------------------
+
+    pub fn lin(&self, v: ValueId) -> Linear {
+        self.asg.linear(self.func, v)
+    }
+
+    pub fn dtype(&self, v: ValueId) -> DType {
+        self.func.value_type(v).dtype()
+    }
+
+    pub fn shape(&self, v: ValueId) -> Vec<u32> {
+        crate::ir::shape_of(self.func.value_type(v)).to_vec()
+    }
+
+    pub fn bind(&mut self, v: ValueId, regs: Vec<Reg>) {
+        self.vals.insert(v, regs);
+    }
+
+    pub fn regs(&self, v: ValueId, span: Span) -> R<Vec<Reg>> {
+        self.vals
+            .get(&v)
+            .cloned()
+            .ok_or_else(|| unsupported(span, "value used before it is defined"))
+    }
+
+    /// The scalar register of `v`.
+    pub fn scalar(&self, v: ValueId, span: Span) -> R<Reg> {
+        self.regs(v, span)?
+            .first()
+            .copied()
+            .ok_or_else(|| unsupported(span, "empty value"))
+    }
+
+    /// `v`'s registers laid out as `dst` (same shape), converting when needed.
+    pub fn operand_in(&mut self, v: ValueId, dst: &Linear, span: Span) -> R<Vec<Reg>> {
+        let regs = self.regs(v, span)?;
+        let n = dst.num_regs();
+        if crate::ir::shape_of(self.func.value_type(v)).is_empty()
+            || regs.iter().all(|&r| r == regs[0])
+        {
+            return Ok(vec![regs[0]; n]);
+        }
+        let src = self.lin(v);
+        if &src == dst {
+            return Ok(regs);
+        }
+        let key = (v, dst.clone());
+        for level in self.conv_cache.iter().rev() {
+            if let Some(r) = level.get(&key) {
+                return Ok(r.clone());
+            }
+        }
+        let shape = self.shape(v);
+        let w = super::layout::identity_weights(&shape);
+        let out = self.remap(&regs, &src, dst, &w, self.dtype(v), span)?;
+        if let Some(top) = self.conv_cache.last_mut() {
+            top.insert(key, out.clone());
+        }
+        Ok(out)
+    }
+
+    pub fn is_used(&self, v: ValueId) -> bool {
+        self.uses.get(&v).copied().unwrap_or(0) > 0
+    }
+
+    // ---- control flow ----------------------------------------------------------------
+
+    /// Lowers a block; returns the values its `Yield` yields.
+    fn block(&mut self, b: &Block) -> R<Vec<ValueId>> {
+        for &i in &b.insts {
+            if let Op::Yield(vs) = &self.func.insts[i].op {
+                return Ok(vs.clone());
+            }
+            self.inst(i)?;
+        }
+        Ok(Vec::new())
+    }
+
+    /// A region's body with its own conversion cache.
+    fn region(&mut self, b: &Block) -> R<Vec<ValueId>> {
+        self.conv_cache.push(HashMap::new());
+        let r = self.block(b);
+        self.conv_cache.pop();
+        r
+    }
+
+    /// Moves `values` (converted to the layouts of `targets`) into `dst` registers, as a
+    /// parallel copy.
+    fn move_into(
+        &mut self,
+        values: &[ValueId],
+        lins: &[Linear],
+        dst: &[Vec<Reg>],
+        span: Span,
+    ) -> R<()> {
+        let mut srcs = Vec::new();
+        for (k, &v) in values.iter().enumerate() {
+            let lin = lins
+                .get(k)
+                .ok_or_else(|| unsupported(span, "yield arity"))?;
+            srcs.push(self.operand_in(v, lin, span)?);
+        }
+        let dst_set: std::collections::HashSet<Reg> = dst.iter().flatten().copied().collect();
+        let overlap = srcs.iter().flatten().any(|r| dst_set.contains(r));
+        if overlap {
+            for s in srcs.iter_mut() {
+                for r in s.iter_mut() {
+                    *r = self.copy(*r);
+                }
+            }
+        }
+        for (s, d) in srcs.iter().zip(dst) {
+            for (&sr, &dr) in s.iter().zip(d) {
+                if sr != dr {
+                    self.mov(dr, sr.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lower_for(&mut self, id: InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let Op::For {
+            lower,
+            upper,
+            step,
+            inits,
+            body,
+        } = &inst.op
+        else {
+            return Ok(());
+        };
+        let (lo, up, st) = (
+            self.scalar(*lower, span)?,
+            self.scalar(*upper, span)?,
+            self.scalar(*step, span)?,
+        );
+        let iv = self.copy(lo);
+        let Some(&iv_arg) = body.args.first() else {
+            return Err(unsupported(span, "for loop without an induction variable"));
+        };
+        self.bind(iv_arg, vec![iv]);
+        let mut lins = Vec::new();
+        let mut carried = Vec::new();
+        for (k, &init) in inits.iter().enumerate() {
+            let arg = *body
+                .args
+                .get(k + 1)
+                .ok_or_else(|| unsupported(span, "loop arity"))?;
+            let lin = self.lin(arg);
+            let regs = self.operand_in(init, &lin, span)?;
+            let fresh: Vec<Reg> = regs.iter().map(|&r| self.copy(r)).collect();
+            self.bind(arg, fresh.clone());
+            lins.push(lin);
+            carried.push(fresh);
+        }
+        let head = self.new_label();
+        let end = self.new_label();
+        self.place_label(head);
+        let p = self.op1(RegClass::Pred, "setp.ge.s32", vec![iv.into(), up.into()]);
+        self.emit_if(Some((p, false)), "bra.uni", vec![Operand::Label(end)]);
+        let yields = self.region(body)?;
+        self.move_into(&yields, &lins, &carried, span)?;
+        self.emit("add.s32", vec![iv.into(), iv.into(), st.into()]);
+        self.emit("bra.uni", vec![Operand::Label(head)]);
+        self.place_label(end);
+        for (k, &r) in inst.results.iter().enumerate() {
+            if let Some(c) = carried.get(k) {
+                self.bind(r, c.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn lower_if(&mut self, id: InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let Op::If {
+            cond,
+            then_body,
+            else_body,
+        } = &inst.op
+        else {
+            return Ok(());
+        };
+        let c = self.scalar(*cond, span)?;
+        let lins: Vec<Linear> = inst.results.iter().map(|&r| self.lin(r)).collect();
+        let outs: Vec<Vec<Reg>> = inst
+            .results
+            .iter()
+            .zip(&lins)
+            .map(|(&r, l)| {
+                let class = class_of(self.dtype(r));
+                (0..l.num_regs()).map(|_| self.reg(class)).collect()
+            })
+            .collect();
+        let else_l = self.new_label();
+        let end = self.new_label();
+        self.emit_if(Some((c, true)), "bra.uni", vec![Operand::Label(else_l)]);
+        let y = self.region(then_body)?;
+        self.move_into(&y, &lins, &outs, span)?;
+        self.emit("bra.uni", vec![Operand::Label(end)]);
+        self.place_label(else_l);
+        let y = self.region(else_body)?;
+        self.move_into(&y, &lins, &outs, span)?;
+        self.place_label(end);
+        for (&r, o) in inst.results.iter().zip(outs) {
+            self.bind(r, o);
+        }
+        Ok(())
+    }
+
+    // ---- dispatch --------------------------------------------------------------------
+
+    fn inst(&mut self, id: InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let res = inst.results.first().copied();
+        match &inst.op {
+            Op::For { .. } => self.lower_for(id),
+            Op::If { .. } => self.lower_if(id),
+            Op::Yield(_) => Err(unsupported(span, "yield outside a region end")),
+            Op::ProgramId(a) | Op::NumPrograms(a) => {
+                let axis = ["x", "y", "z"]
+                    .get(*a as usize)
+                    .ok_or_else(|| unsupported(span, "grid axis must be 0, 1 or 2"))?;
+                let sreg = if matches!(inst.op, Op::ProgramId(_)) {
+                    "ctaid"
+                } else {
+                    "nctaid"
+                };
+                let r = self.op1(
+                    RegClass::B32,
+                    "mov.u32",
+                    vec![Operand::Sym(format!("%{sreg}.{axis}"))],
+                );
+                self.bind_res(res, vec![r], span)
+            }
+            Op::ScalarParam(p) => {
+                let r = self
+                    .scalars
+                    .get(*p as usize)
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| unsupported(span, "not a scalar parameter"))?;
+                self.bind_res(res, vec![r], span)
+            }
+            Op::TensorDim { tensor, dim } | Op::TensorStride { tensor, dim } => {
+                let (t, _) = self.tensor(*tensor, span)?;
+                let list = if matches!(inst.op, Op::TensorDim { .. }) {
+                    &t.dims
+                } else {
+                    &t.strides
+                };
+                let e = *list
+                    .get(*dim as usize)
+                    .ok_or_else(|| unsupported(span, "tensor dimension out of range"))?;
+                let r = match e {
+                    Ext::Reg(r) => r,
+                    Ext::Const(c) => self.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(c)]),
+                };
+                self.bind_res(res, vec![r], span)
+            }
+            Op::Const(s) => {
+                let r = self.constant(*s, span)?;
+                let n = res.map(|v| self.lin(v).num_regs()).unwrap_or(1);
+                self.bind_res(res, vec![r; n], span)
+            }
+            Op::Splat(v) => {
+                let r = self.scalar(*v, span)?;
+                let n = res.map(|v| self.lin(v).num_regs()).unwrap_or(1);
+                self.bind_res(res, vec![r; n], span)
+            }
+            Op::Arange { start, .. } => self.lower_arange(res, *start, span),
+            Op::Unary(..)
+            | Op::Binary(..)
+            | Op::Compare(..)
+            | Op::Select(..)
+            | Op::Fma(..)
+            | Op::Cast(_) => self.lower_elementwise(id),
+            Op::Reduce { op, value, axis } => self.lower_reduce(id, *op, *value, *axis as usize),
+            Op::Broadcast(_) | Op::Reshape(_) | Op::ExpandDims(..) | Op::Permute(..) => {
+                self.lower_shape_op(id)
+            }
+            Op::Load { .. } => self.lower_load(id),
+            Op::Store { .. } => self.lower_store(id),
+            Op::Gather { .. } | Op::Scatter { .. } | Op::AtomicAdd { .. } => {
+                self.lower_pointwise_mem(id)
+            }
+            Op::Dot { a, b, acc } => self.lower_dot(id, *a, *b, *acc),
+        }
+    }
+
+    pub fn bind_res(&mut self, res: Option<ValueId>, regs: Vec<Reg>, span: Span) -> R<()> {
+        let v = res.ok_or_else(|| unsupported(span, "instruction without a result"))?;
+        self.bind(v, regs);
+        Ok(())
+    }
+}
+
+pub fn mem_sym(name: &str) -> Operand {
+    Operand::Mem(Addr::Sym(name.to_string()), 0)
+}
+
+fn count_uses(func: &Function, b: &Block, uses: &mut HashMap<ValueId, usize>) {
+    for &i in &b.insts {
+        let op = &func.insts[i].op;
+        for v in Function::operands(op) {
+            *uses.entry(v).or_insert(0) += 1;
+        }
+        match op {
+            Op::For { body, .. } => count_uses(func, body, uses),
+            Op::If {
+                then_body,
+                else_body,
+                ..
+            } => {
+                count_uses(func, then_body, uses);
+                count_uses(func, else_body, uses);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Which params were declared (used by `ParamKind` checks elsewhere).
+pub fn is_tensor(kind: &ParamKind) -> bool {
+    matches!(kind, ParamKind::Tensor(_))
+}

@@ -1,0 +1,419 @@
+//! Data movement between layouts: layout conversions, `broadcast`, `expand_dims`,
+//! `permute`, `reshape` (free register renaming when the layouts allow, else a round
+//! trip through shared memory), and `dot`.
+//!
+//! Assumes: shared memory is used by one operation at a time (`smem_begin` places a
+//! barrier before the writes, and one separates writes from reads).
+//! Guarantees: a conversion is free exactly when `layout::free_remap` says so; the
+//! shared-memory path writes the source at its padded row-major index and reads each
+//! destination element from the index given by the weights (or by division for a
+//! reshape that is not a bit relabeling), so any layout pair works.
+//!
+//! `dot` is the plain lowering: A and B are staged in shared memory as f32 (or i32),
+//! and each thread runs a loop over k with one fma per accumulator element. Tensor
+//! cores (`Capabilities::mma_sync`, `wgmma`) replace this in a later issue by giving
+//! `dot` an MMA accumulator layout in `assign` and a new lowering here.
+
+use super::{unsupported, Lowerer, R};
+use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
+use crate::back::ptx::layout::{self, row_major_strides, Linear};
+use crate::ir::{Op, ValueId};
+use crate::span::Span;
+use crate::types::DType;
+
+impl Lowerer<'_> {
+    /// Moves `regs` (laid out as `src`) to the layout `dst` under the weight map.
+    pub fn remap(
+        &mut self,
+        regs: &[Reg],
+        src: &Linear,
+        dst: &Linear,
+        weights: &[u64],
+        dt: DType,
+        span: Span,
+    ) -> R<Vec<Reg>> {
+        if !regs.is_empty() && regs.iter().all(|&r| r == regs[0]) {
+            return Ok(vec![regs[0]; dst.num_regs()]);
+        }
+        if let Some(map) = layout::free_remap(src, dst, weights) {
+            return map
+                .into_iter()
+                .map(|s| {
+                    regs.get(s)
+                        .copied()
+                        .ok_or_else(|| unsupported(span, "layout remap out of range"))
+                })
+                .collect();
+        }
+        self.comment("layout conversion through shared memory");
+        let (slot, base) = self.smem_write(regs, src, dt, 0)?;
+        self.barrier();
+        // Read address: base + sum(thread_d * w_d) * slot.
+        let mut t: Option<Reg> = None;
+        for (d, &w) in weights.iter().enumerate().take(dst.rank()) {
+            if w == 0 {
+                continue;
+            }
+            if let Some(x) = self.thread_coord(dst, d) {
+                let s = self.op1(
+                    RegClass::B32,
+                    "mul.lo.s32",
+                    vec![x.into(), Operand::Imm((w * slot as u64) as i64)],
+                );
+                t = Some(match t {
+                    None => s,
+                    Some(a) => self.op1(RegClass::B32, "add.s32", vec![a.into(), s.into()]),
+                });
+            }
+        }
+        let addr = match t {
+            Some(t) => self.op1(RegClass::B32, "add.s32", vec![base.into(), t.into()]),
+            None => base,
+        };
+        let mut out = Vec::with_capacity(dst.num_regs());
+        for r in 0..dst.num_regs() {
+            let c = dst.reg_coord(r);
+            let off: u64 = c.iter().zip(weights).map(|(&a, &w)| a as u64 * w).sum();
+            out.push(self.smem_read(dt, addr, (off * slot as u64) as i64));
+        }
+        Ok(out)
+    }
+
+    /// Writes every register of a tile to shared memory at `offset_bytes` + its padded
+    /// row-major index; returns the slot size and the buffer base. Starts with a barrier.
+    fn smem_write(
+        &mut self,
+        regs: &[Reg],
+        src: &Linear,
+        dt: DType,
+        offset_bytes: u32,
+    ) -> R<(u32, Reg)> {
+        let slot = if dt == DType::I64 { 8 } else { 4 };
+        let numel: u32 = src.shape.iter().product::<u32>().max(1);
+        let base = self.smem_begin(offset_bytes + numel * slot);
+        self.smem_write_at(regs, src, dt, base, offset_bytes)?;
+        Ok((slot, base))
+    }
+
+    /// The write phase alone (no barrier).
+    fn smem_write_at(
+        &mut self,
+        regs: &[Reg],
+        src: &Linear,
+        dt: DType,
+        base: Reg,
+        offset_bytes: u32,
+    ) -> R<()> {
+        let slot = if dt == DType::I64 { 8u64 } else { 4 };
+        let strides = row_major_strides(&src.shape);
+        let mut t: Option<Reg> = None;
+        for (d, &s) in strides.iter().enumerate() {
+            if let Some(x) = self.thread_coord(src, d) {
+                let m = self.op1(
+                    RegClass::B32,
+                    "mul.lo.s32",
+                    vec![x.into(), Operand::Imm((s * slot) as i64)],
+                );
+                t = Some(match t {
+                    None => m,
+                    Some(a) => self.op1(RegClass::B32, "add.s32", vec![a.into(), m.into()]),
+                });
+            }
+        }
+        let addr = match t {
+            Some(t) => self.op1(RegClass::B32, "add.s32", vec![base.into(), t.into()]),
+            None => base,
+        };
+        for (r, &v) in regs.iter().enumerate() {
+            let off = Self::lin_offset(src, r) * slot + offset_bytes as u64;
+            let mem = Operand::Mem(Addr::Reg(addr), off as i64);
+            match v.class {
+                RegClass::Pred => {
+                    let b = self.op1(
+                        RegClass::B32,
+                        "selp.b32",
+                        vec![Operand::Imm(1), Operand::Imm(0), v.into()],
+                    );
+                    self.emit("st.shared.b32", vec![mem, b.into()]);
+                }
+                RegClass::B64 => self.emit("st.shared.b64", vec![mem, v.into()]),
+                _ => self.emit("st.shared.b32", vec![mem, v.into()]),
+            }
+        }
+        Ok(())
+    }
+
+    fn smem_read(&mut self, dt: DType, addr: Reg, off: i64) -> Reg {
+        let mem = Operand::Mem(Addr::Reg(addr), off);
+        match super::class_of(dt) {
+            RegClass::Pred => {
+                let b = self.op1(RegClass::B32, "ld.shared.b32", vec![mem]);
+                self.op1(
+                    RegClass::Pred,
+                    "setp.ne.u32",
+                    vec![b.into(), Operand::Imm(0)],
+                )
+            }
+            RegClass::B64 => self.op1(RegClass::B64, "ld.shared.b64", vec![mem]),
+            c => self.op1(c, "ld.shared.b32", vec![mem]),
+        }
+    }
+
+    pub fn lower_shape_op(&mut self, id: crate::ir::InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let res = *inst
+            .results
+            .first()
+            .ok_or_else(|| unsupported(span, "shape op without a result"))?;
+        let (v, weights) = match &inst.op {
+            Op::Broadcast(v) => (
+                *v,
+                Some(layout::broadcast_weights(&self.shape(*v), &self.shape(res))),
+            ),
+            Op::ExpandDims(v, axis) => (
+                *v,
+                Some(layout::expand_dims_weights(&self.shape(*v), *axis as usize)),
+            ),
+            Op::Permute(v, perm) => (
+                *v,
+                Some(
+                    layout::permute_weights(&self.shape(*v), perm)
+                        .ok_or_else(|| unsupported(span, "bad permutation"))?,
+                ),
+            ),
+            Op::Reshape(v) => (
+                *v,
+                layout::reshape_weights(&self.shape(*v), &self.shape(res)),
+            ),
+            _ => return Ok(()),
+        };
+        let dt = self.dtype(res);
+        let dst = self.lin(res);
+        let src_shape = self.shape(v);
+        if src_shape.is_empty() {
+            // A scalar operand (lenient): every element is the scalar.
+            let r = self.scalar(v, span)?;
+            self.bind(res, vec![r; dst.num_regs()]);
+            return Ok(());
+        }
+        let src = self.lin(v);
+        let regs = self.regs(v, span)?;
+        let out = match weights {
+            Some(w) => self.remap(&regs, &src, &dst, &w, dt, span)?,
+            None => {
+                self.reshape_by_division(&regs, &src, &src_shape, &dst, &self.shape(res), dt)?
+            }
+        };
+        self.bind(res, out);
+        Ok(())
+    }
+
+    /// A reshape that mixes non-power-of-two extents: each destination element finds its
+    /// row-major index (clamped for padded slots) and divides it back into source
+    /// coordinates.
+    fn reshape_by_division(
+        &mut self,
+        regs: &[Reg],
+        src: &Linear,
+        src_shape: &[u32],
+        dst: &Linear,
+        dst_shape: &[u32],
+        dt: DType,
+    ) -> R<Vec<Reg>> {
+        self.comment("reshape through shared memory");
+        let (slot, base) = self.smem_write(regs, src, dt, 0)?;
+        self.barrier();
+        let real_dst = row_major_strides(dst_shape);
+        let real_src = row_major_strides(src_shape);
+        let pad_src = row_major_strides(&src.shape);
+        let numel: u64 = src_shape.iter().map(|&d| d as u64).product();
+        let ths: Vec<Option<Reg>> = (0..dst.rank()).map(|d| self.thread_coord(dst, d)).collect();
+        let mut out = Vec::with_capacity(dst.num_regs());
+        for r in 0..dst.num_regs() {
+            let c = dst.reg_coord(r);
+            let konst: u64 = c.iter().zip(&real_dst).map(|(&a, &s)| a as u64 * s).sum();
+            let mut l = self.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(konst as i64)]);
+            for (d, th) in ths.iter().enumerate() {
+                if let Some(x) = *th {
+                    l = self.op1(
+                        RegClass::B32,
+                        "mad.lo.s32",
+                        vec![x.into(), Operand::Imm(real_dst[d] as i64), l.into()],
+                    );
+                }
+            }
+            l = self.op1(
+                RegClass::B32,
+                "min.u32",
+                vec![l.into(), Operand::Imm(numel.saturating_sub(1) as i64)],
+            );
+            let mut idx = self.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(0)]);
+            for e in 0..src_shape.len() {
+                let q = self.op1(
+                    RegClass::B32,
+                    "div.u32",
+                    vec![l.into(), Operand::Imm(real_src[e] as i64)],
+                );
+                let s = self.op1(
+                    RegClass::B32,
+                    "rem.u32",
+                    vec![q.into(), Operand::Imm(src_shape[e] as i64)],
+                );
+                idx = self.op1(
+                    RegClass::B32,
+                    "mad.lo.s32",
+                    vec![
+                        s.into(),
+                        Operand::Imm((pad_src[e] * slot as u64) as i64),
+                        idx.into(),
+                    ],
+                );
+            }
+            let a = self.op1(RegClass::B32, "add.s32", vec![base.into(), idx.into()]);
+            out.push(self.smem_read(dt, a, 0));
+        }
+        Ok(out)
+    }
+
+    pub fn lower_dot(
+        &mut self,
+        id: crate::ir::InstId,
+        a: ValueId,
+        b: ValueId,
+        acc: ValueId,
+    ) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let res = *inst
+            .results
+            .first()
+            .ok_or_else(|| unsupported(span, "dot without a result"))?;
+        let (sa, sb, sr) = (self.shape(a), self.shape(b), self.shape(res));
+        if sa.len() != 2
+            || sb.len() != 2
+            || sr.len() != 2
+            || sa[1] != sb[0]
+            || sa[0] != sr[0]
+            || sb[1] != sr[1]
+        {
+            return Err(unsupported(
+                span,
+                "dot needs [M, K] x [K, N] + [M, N] tiles",
+            ));
+        }
+        let (adt, bdt, rdt) = (self.dtype(a), self.dtype(b), self.dtype(res));
+        let float = adt.is_float() && bdt.is_float() && rdt == DType::F32;
+        let int = adt == DType::I32 && bdt == DType::I32 && rdt == DType::I32;
+        if !float && !int {
+            return Err(unsupported(
+                span,
+                format!("dot of {adt} x {bdt} into {rdt} (float inputs with an f32 accumulator, or i32)"),
+            ));
+        }
+        let lin = self.lin(res);
+        let acc_regs = self.operand_in(acc, &lin, span)?;
+        let accs: Vec<Reg> = acc_regs.iter().map(|&r| self.copy(r)).collect();
+        let (la, lb) = (self.lin(a), self.lin(b));
+        let (ra, rb) = (self.regs(a, span)?, self.regs(b, span)?);
+        let (pm, pk) = (la.shape[0], la.shape[1]);
+        let pn = lb.shape[1];
+        let a_bytes = pm * pk * 4;
+        self.comment("dot: stage A and B in shared memory");
+        let base = self.smem_begin(a_bytes + pk * pn * 4);
+        self.smem_write_at(&ra, &la, adt, base, 0)?;
+        self.smem_write_at(&rb, &lb, bdt, base, a_bytes)?;
+        self.barrier();
+        // Per-thread row of A and column of B.
+        let tm = self.thread_coord(&lin, 0);
+        let tn = self.thread_coord(&lin, 1);
+        let aaddr = match tm {
+            Some(t) => {
+                let o = self.op1(
+                    RegClass::B32,
+                    "mul.lo.s32",
+                    vec![t.into(), Operand::Imm((pk * 4) as i64)],
+                );
+                self.op1(RegClass::B32, "add.s32", vec![base.into(), o.into()])
+            }
+            None => self.copy(base),
+        };
+        let baddr = match tn {
+            Some(t) => {
+                let o = self.op1(RegClass::B32, "shl.b32", vec![t.into(), Operand::Imm(2)]);
+                let x = self.op1(RegClass::B32, "add.s32", vec![base.into(), o.into()]);
+                self.op1(
+                    RegClass::B32,
+                    "add.s32",
+                    vec![x.into(), Operand::Imm(a_bytes as i64)],
+                )
+            }
+            None => self.op1(
+                RegClass::B32,
+                "add.s32",
+                vec![base.into(), Operand::Imm(a_bytes as i64)],
+            ),
+        };
+        let (aaddr, baddr) = (self.copy(aaddr), self.copy(baddr));
+        let mut ms: Vec<u32> = (0..lin.num_regs()).map(|r| lin.reg_coord(r)[0]).collect();
+        ms.sort_unstable();
+        ms.dedup();
+        let mut ns: Vec<u32> = (0..lin.num_regs()).map(|r| lin.reg_coord(r)[1]).collect();
+        ns.sort_unstable();
+        ns.dedup();
+        let k = self.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(0)]);
+        let head = self.new_label();
+        self.place_label(head);
+        let class = if float { RegClass::F32 } else { RegClass::B32 };
+        let av: Vec<Reg> = ms
+            .iter()
+            .map(|&m| {
+                self.op1(
+                    class,
+                    "ld.shared.b32",
+                    vec![Operand::Mem(Addr::Reg(aaddr), (m * pk * 4) as i64)],
+                )
+            })
+            .collect();
+        let bv: Vec<Reg> = ns
+            .iter()
+            .map(|&n| {
+                self.op1(
+                    class,
+                    "ld.shared.b32",
+                    vec![Operand::Mem(Addr::Reg(baddr), (n * 4) as i64)],
+                )
+            })
+            .collect();
+        for (r, &acc_r) in accs.iter().enumerate() {
+            let c = lin.reg_coord(r);
+            let ai = ms
+                .binary_search(&c[0])
+                .map_err(|_| unsupported(span, "dot layout"))?;
+            let bi = ns
+                .binary_search(&c[1])
+                .map_err(|_| unsupported(span, "dot layout"))?;
+            let opc = if float { "fma.rn.f32" } else { "mad.lo.s32" };
+            self.emit(
+                opc,
+                vec![acc_r.into(), av[ai].into(), bv[bi].into(), acc_r.into()],
+            );
+        }
+        self.emit("add.s32", vec![aaddr.into(), aaddr.into(), Operand::Imm(4)]);
+        self.emit(
+            "add.s32",
+            vec![baddr.into(), baddr.into(), Operand::Imm((pn * 4) as i64)],
+        );
+        self.emit("add.s32", vec![k.into(), k.into(), Operand::Imm(1)]);
+        let p = self.op1(
+            RegClass::Pred,
+            "setp.lt.s32",
+            vec![k.into(), Operand::Imm(sa[1] as i64)],
+        );
+        self.emit_if(Some((p, false)), "bra.uni", vec![Operand::Label(head)]);
+        self.bind(res, accs);
+        Ok(())
+    }
+}

@@ -1,0 +1,19 @@
+//! Which kernels the bundled files hold (the texts themselves are embedded by
+//! `crate::bundled`).
+
+/// The source text of `kernels-src/<stem>.kg`.
+pub fn kernel_source(stem: &str) -> Option<&'static str> {
+    crate::bundled::source(stem)
+}
+
+/// Every kernel in every bundled file with cases here: (file stem, kernel name). Files
+/// with more than one kernel (`sumsq.kg` holds `sumsq` and `sumsq_finalize`) list each.
+pub const BUNDLED_KERNELS: &[(&str, &str)] = &[
+    ("adamw", "adamw"),
+    ("layernorm", "layernorm"),
+    ("rmsnorm", "rmsnorm"),
+    ("softmax", "softmax"),
+    ("sumsq", "sumsq"),
+    ("sumsq", "sumsq_finalize"),
+    ("vec_add", "vec_add"),
+];

@@ -1,0 +1,243 @@
+//! The `kgen` command line (clap derive). Every user mistake becomes a message on stderr
+//! and a non-zero exit status; a panic inside the compiler is caught and reported as an
+//! internal error, without a backtrace.
+
+mod common;
+mod compile;
+mod run;
+mod selftest;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use common::CliError;
+use kgen::core::Arch;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kgen",
+    version,
+    about = "kgen: a tile-kernel compiler (tile language .kg -> PTX for sm_80 and sm_90a)",
+    after_help = "Examples:\n  \
+        kgen compile kernels-src/rmsnorm.kg --arch sm_90a -D T=f16 -D BLOCK=2048\n  \
+        kgen compile kernels-src/rmsnorm.kg --emit ir\n  \
+        kgen check my_kernel.kg\n  \
+        kgen run kernels-src/softmax.kg --grid 1000 --arg x=1000x4097 --arg y=1000x4097\n  \
+        kgen selftest [--gpu] [--full] [--filter softmax]"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Compile one kernel to PTX (or to tile IR with --emit ir); writes stdout unless -o.
+    Compile(CompileArgs),
+    /// Report diagnostics for every kernel in a file (front end, checker, validation and
+    /// the back end's target limits); prints "ok: N kernel(s)" when clean.
+    Check(CheckArgs),
+    /// Run a kernel on random inputs in the interpreter, and on the GPU when there is one
+    /// (comparing the two).
+    Run(RunArgs),
+    /// Run every bundled kernel's test cases: interpreter vs float64 reference, and on a
+    /// GPU also GPU vs interpreter and GPU vs reference.
+    Selftest(SelftestArgs),
+}
+
+/// What to compile: the specialization options shared by every subcommand.
+#[derive(Args, Debug, Clone)]
+struct SpecArgs {
+    /// A compile-time parameter value (an integer, true/false or a dtype); repeatable.
+    /// Parameters not given take their defaults.
+    #[arg(short = 'D', long = "define", value_name = "NAME=VALUE", value_parser = common::parse_define)]
+    defines: Vec<(String, String)>,
+    /// The kernel to use when the file holds several (default: the first).
+    #[arg(long, value_name = "NAME")]
+    kernel: Option<String>,
+    /// Warps per block (default: chosen by the compiler from the tile sizes).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=32))]
+    warps: Option<u32>,
+    /// Alignment in bytes (1, 2, 4, 8 or 16) the kernel may assume for a tensor
+    /// parameter; default 16. Repeatable.
+    #[arg(long = "align", value_name = "TENSOR=BYTES", value_parser = common::parse_align)]
+    aligns: Vec<(String, u32)>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Emit {
+    /// PTX text.
+    Ptx,
+    /// The optimized tile IR, as text.
+    Ir,
+}
+
+#[derive(Args, Debug)]
+struct CompileArgs {
+    /// The .kg source file.
+    file: PathBuf,
+    /// Target architecture.
+    #[arg(long, default_value = "sm_90a", value_parser = common::parse_arch, value_name = "sm_80|sm_90a")]
+    arch: Arch,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// What to write.
+    #[arg(long, value_enum, default_value_t = Emit::Ptx)]
+    emit: Emit,
+    /// Output file (default: stdout).
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct CheckArgs {
+    /// The .kg source file.
+    file: PathBuf,
+    /// Target architecture whose limits the back end checks.
+    #[arg(long, default_value = "sm_90a", value_parser = common::parse_arch, value_name = "sm_80|sm_90a")]
+    arch: Arch,
+    #[command(flatten)]
+    spec: SpecArgs,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The .kg source file.
+    file: PathBuf,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// The grid: blocks along axes 0, 1, 2 (`bid(axis)` ranges over it), e.g. `64` or `8,4`.
+    #[arg(long, value_name = "X[,Y,Z]", value_parser = common::parse_grid)]
+    grid: Option<[u32; 3]>,
+    /// A kernel argument: a tensor shape (`1000x4097`, filled with random data) or a
+    /// scalar value (`1e-5`, `42`, `true`); one per parameter.
+    #[arg(long = "arg", value_name = "NAME=SPEC", value_parser = common::parse_arg_spec)]
+    args: Vec<(String, String)>,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Do not use a GPU even when there is one.
+    #[arg(long)]
+    no_gpu: bool,
+}
+
+#[derive(Args, Debug)]
+struct SelftestArgs {
+    /// Require a GPU: fail when there is none (default: use one when present).
+    #[arg(long, conflicts_with = "no_gpu")]
+    gpu: bool,
+    /// Never use a GPU, even when there is one.
+    #[arg(long)]
+    no_gpu: bool,
+    /// The full size set (awkward sizes 1, 7, 1000, 4097, ...) instead of the quick one.
+    #[arg(long)]
+    full: bool,
+    /// Only cases whose label contains this text.
+    #[arg(long, value_name = "PAT")]
+    filter: Option<String>,
+    /// Seed of the cases' random inputs.
+    #[arg(long, default_value_t = selftest::DEFAULT_SEED)]
+    seed: u64,
+}
+
+/// Runs the command line and returns the exit status.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // Help and version go to stdout with status 0; usage errors to stderr, 2.
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("kgen: internal error: {info}");
+        eprintln!("kgen: this is a bug in kgen; please report it with the input that caused it");
+    }));
+    let result = std::panic::catch_unwind(move || match cli.command {
+        Command::Compile(a) => compile::compile(a),
+        Command::Check(a) => compile::check(a),
+        Command::Run(a) => run::run(a),
+        Command::Selftest(a) => selftest::selftest(a),
+    });
+    match result {
+        Ok(Ok(())) => 0,
+        Ok(Err(CliError::Msg(m))) => {
+            eprintln!("error: {m}");
+            1
+        }
+        Ok(Err(CliError::Exit(code))) => code,
+        Err(_) => 101,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_the_documented_command_lines() {
+        let c = Cli::try_parse_from([
+            "kgen",
+            "compile",
+            "k.kg",
+            "--arch",
+            "sm_80",
+            "-D",
+            "T=f16",
+            "-D",
+            "BLOCK=2048",
+            "--emit",
+            "ir",
+            "-o",
+            "out.txt",
+        ])
+        .unwrap();
+        let Command::Compile(a) = c.command else {
+            panic!()
+        };
+        assert_eq!(a.arch, Arch::Sm80);
+        assert_eq!(
+            a.spec.defines,
+            vec![("T".into(), "f16".into()), ("BLOCK".into(), "2048".into())]
+        );
+        assert_eq!(a.emit, Emit::Ir);
+        let c = Cli::try_parse_from(["kgen", "compile", "k.kg"]).unwrap();
+        let Command::Compile(a) = c.command else {
+            panic!()
+        };
+        assert_eq!(a.arch, Arch::Sm90a);
+        assert_eq!(a.emit, Emit::Ptx);
+        let c = Cli::try_parse_from([
+            "kgen",
+            "run",
+            "s.kg",
+            "--grid",
+            "1000",
+            "--arg",
+            "x=1000x4097",
+            "--arg",
+            "y=1000x4097",
+        ])
+        .unwrap();
+        let Command::Run(a) = c.command else { panic!() };
+        assert_eq!(a.grid, Some([1000, 1, 1]));
+        assert_eq!(a.args.len(), 2);
+        let c = Cli::try_parse_from([
+            "kgen", "selftest", "--gpu", "--full", "--filter", "softmax", "--seed", "3",
+        ])
+        .unwrap();
+        let Command::Selftest(a) = c.command else {
+            panic!()
+        };
+        assert!(a.gpu && a.full && a.filter.as_deref() == Some("softmax") && a.seed == 3);
+        assert!(Cli::try_parse_from(["kgen", "selftest", "--gpu", "--no-gpu"]).is_err());
+        assert!(Cli::try_parse_from(["kgen", "compile", "k.kg", "--warps", "0"]).is_err());
+        assert!(Cli::try_parse_from(["kgen", "compile", "k.kg", "--emit", "sass"]).is_err());
+    }
+}

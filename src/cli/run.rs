@@ -1,0 +1,463 @@
+//! `kgen run`: one kernel on random inputs, in the interpreter and (when there is one)
+//! on the GPU, with a comparison of the two.
+
+use super::common::{
+    fmt_err, open_gpu, options, print_diags, read_source, say, CliError, CliResult,
+};
+use super::RunArgs;
+use kgen::cases::compare::compare_values;
+use kgen::cases::{Rng, Tolerance};
+use kgen::core::abi::SourceParam;
+use kgen::core::host::{scalar_from_f64, ArgValue, HostTensor};
+use kgen::core::ir::{Function, ParamKind};
+use kgen::core::types::{DType, Scalar};
+use kgen::core::{compile_to_ir, interp, Arch};
+use kgen::runtime::natural_alignment;
+use std::time::Instant;
+
+/// The most elements `kgen run` allocates for one tensor.
+const MAX_ELEMENTS: usize = 1 << 30;
+
+fn param_hint(name: &str, kind: &ParamKind) -> String {
+    match kind {
+        ParamKind::Scalar(d) => {
+            let ex = match d {
+                DType::Bool => "true",
+                d if d.is_float() => "1e-5",
+                _ => "42",
+            };
+            format!("{name}: {d} (e.g. --arg {name}={ex})")
+        }
+        ParamKind::Tensor(t) => {
+            let dims: Vec<String> = t
+                .dims
+                .iter()
+                .map(|d| d.map_or("_".to_string(), |v| v.to_string()))
+                .collect();
+            let ex: Vec<String> = t
+                .dims
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    d.map_or(
+                        if i == 0 {
+                            "1000".to_string()
+                        } else {
+                            "512".to_string()
+                        },
+                        |v| v.to_string(),
+                    )
+                })
+                .collect();
+            format!(
+                "{name}: tensor<{}, [{}]{}> (e.g. --arg {name}={})",
+                t.dtype,
+                dims.join(", "),
+                if t.contiguous { ", contiguous" } else { "" },
+                ex.join("x")
+            )
+        }
+    }
+}
+
+fn params_help(func: &Function) -> String {
+    let lines: Vec<String> = func
+        .params
+        .iter()
+        .map(|p| format!("  {}", param_hint(&p.name, &p.kind)))
+        .collect();
+    format!("`{}` takes:\n{}", func.source_name, lines.join("\n"))
+}
+
+fn parse_shape(name: &str, spec: &str, dims: &[Option<u32>]) -> Result<Vec<usize>, String> {
+    let parts: Vec<&str> = spec.split(['x', 'X', ',']).map(str::trim).collect();
+    let mut shape = Vec::with_capacity(parts.len());
+    for p in &parts {
+        shape.push(p.parse::<usize>().map_err(|_| {
+            format!("--arg {name}={spec}: `{p}` is not an extent (a tensor takes a shape such as `1000x4097`)")
+        })?);
+    }
+    if shape.len() != dims.len() {
+        return Err(format!(
+            "--arg {name}={spec}: `{name}` has rank {}, the shape has {} dimension(s)",
+            dims.len(),
+            shape.len()
+        ));
+    }
+    for (i, (d, &s)) in dims.iter().zip(&shape).enumerate() {
+        if let Some(c) = d {
+            if *c as usize != s {
+                return Err(format!(
+                    "--arg {name}={spec}: dimension {i} of `{name}` is declared as {c}, got {s}"
+                ));
+            }
+        }
+    }
+    let n = shape.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s));
+    match n {
+        Some(n) if n <= MAX_ELEMENTS => Ok(shape),
+        _ => Err(format!(
+            "--arg {name}={spec}: more than {MAX_ELEMENTS} elements"
+        )),
+    }
+}
+
+fn parse_scalar(name: &str, spec: &str, dtype: DType) -> Result<Scalar, String> {
+    let bad = || format!("--arg {name}={spec}: not a {dtype} value");
+    let s = spec.trim();
+    match dtype {
+        DType::Bool => match s {
+            "true" | "1" => Ok(Scalar::Bool(true)),
+            "false" | "0" => Ok(Scalar::Bool(false)),
+            _ => Err(bad()),
+        },
+        d if d.is_int() => {
+            let (neg, digits) = match s.strip_prefix('-') {
+                Some(r) => (true, r),
+                None => (false, s),
+            };
+            let digits = digits.replace('_', "");
+            let v = match digits
+                .strip_prefix("0x")
+                .or_else(|| digits.strip_prefix("0X"))
+            {
+                Some(h) => i128::from_str_radix(h, 16),
+                None => digits.parse::<i128>(),
+            }
+            .map_err(|_| bad())?;
+            let v = if neg { -v } else { v };
+            let (lo, hi) = match d {
+                DType::I32 => (i32::MIN as i128, i32::MAX as i128),
+                DType::U32 => (0, u32::MAX as i128),
+                _ => (i64::MIN as i128, i64::MAX as i128),
+            };
+            if v < lo || v > hi {
+                return Err(format!("--arg {name}={spec}: out of range for {d}"));
+            }
+            Ok(Scalar::Int(v as i64, d))
+        }
+        d => {
+            let v: f64 = match s {
+                "inf" | "+inf" => f64::INFINITY,
+                "-inf" => f64::NEG_INFINITY,
+                "nan" => f64::NAN,
+                _ => s.parse::<f64>().map_err(|_| bad())?,
+            };
+            Ok(scalar_from_f64(d, v))
+        }
+    }
+}
+
+/// Random contents: floats uniform in [-1, 1), signed integers in [-8, 8), unsigned in
+/// [0, 16), bools half and half.
+fn random_tensor(rng: &mut Rng, dtype: DType, shape: &[usize]) -> HostTensor {
+    let n: usize = shape.iter().product();
+    let vals: Vec<f64> = (0..n)
+        .map(|_| match dtype {
+            d if d.is_float() => rng.uniform(-1.0, 1.0),
+            DType::U32 => (rng.next_u64() % 16) as f64,
+            DType::Bool => (rng.next_u64() & 1) as f64,
+            _ => (rng.next_u64() % 16) as f64 - 8.0,
+        })
+        .collect();
+    HostTensor::from_f64(dtype, shape, &vals)
+}
+
+fn build_args(
+    func: &Function,
+    given: &[(String, String)],
+    seed: u64,
+) -> Result<Vec<ArgValue>, String> {
+    for (i, (n, _)) in given.iter().enumerate() {
+        if given[..i].iter().any(|(m, _)| m == n) {
+            return Err(format!("--arg {n} is given twice"));
+        }
+        if !func.params.iter().any(|p| &p.name == n) {
+            return Err(format!(
+                "`{}` has no parameter `{n}`\n{}",
+                func.source_name,
+                params_help(func)
+            ));
+        }
+    }
+    let missing: Vec<String> = func
+        .params
+        .iter()
+        .filter(|p| !given.iter().any(|(n, _)| n == &p.name))
+        .map(|p| format!("  {}", param_hint(&p.name, &p.kind)))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!("missing --arg for:\n{}", missing.join("\n")));
+    }
+    let mut rng = Rng::new(seed);
+    let mut args = Vec::with_capacity(func.params.len());
+    for p in &func.params {
+        let spec = &given
+            .iter()
+            .find(|(n, _)| n == &p.name)
+            .expect("checked above")
+            .1;
+        args.push(match &p.kind {
+            ParamKind::Scalar(d) => ArgValue::Scalar(parse_scalar(&p.name, spec, *d)?),
+            ParamKind::Tensor(t) => {
+                let shape = parse_shape(&p.name, spec, &t.dims)?;
+                ArgValue::Tensor(random_tensor(&mut rng, t.dtype, &shape))
+            }
+        });
+    }
+    Ok(args)
+}
+
+fn tensor(a: &ArgValue) -> Option<&HostTensor> {
+    match a {
+        ArgValue::Tensor(t) => Some(t),
+        ArgValue::Scalar(_) => None,
+    }
+}
+
+fn summary(t: &HostTensor) -> String {
+    let v = t.to_f64_vec();
+    let nans = v.iter().filter(|x| x.is_nan()).count();
+    let sum: f64 = v.iter().filter(|x| !x.is_nan()).sum();
+    let first: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
+    format!(
+        "checksum {sum:.6e}, first [{}{}]{}",
+        first.join(", "),
+        if v.len() > 6 { ", ..." } else { "" },
+        if nans > 0 {
+            format!(", {nans} NaN (unwritten or computed NaN)")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// GPU vs interpreter: f32 allows a few ulp of the approximate transcendentals; half
+/// types about one ulp of rounding more.
+fn run_tolerance(dtype: DType) -> Tolerance {
+    let base = Tolerance {
+        rel: 1e-4,
+        abs: 1e-5,
+    };
+    match dtype {
+        d if d.is_float() => Tolerance::for_dtype(d, base),
+        _ => Tolerance { rel: 0.0, abs: 0.0 },
+    }
+}
+
+pub fn run(a: RunArgs) -> CliResult {
+    let file = read_source(&a.file)?;
+    let (gpu, no_gpu_why) = if a.no_gpu {
+        (None, "--no-gpu".to_string())
+    } else {
+        match open_gpu() {
+            Ok(g) => (Some(g), String::new()),
+            Err(why) => (None, why),
+        }
+    };
+    let arch = gpu.as_ref().and_then(|g| g.arch()).unwrap_or(Arch::Sm90a);
+    let mut opts = options(arch, &a.spec);
+    let (mut func, _) = compile_to_ir(&file, &opts).map_err(|d| {
+        print_diags(&d, &file);
+        CliError::Exit(1)
+    })?;
+    let Some(grid) = a.grid else {
+        return Err(CliError::Msg(format!(
+            "--grid is required: the number of blocks along each grid axis (`bid(axis)` ranges over \
+             it), e.g. `--grid 64` or `--grid 8,4`. A kernel that handles BLOCK elements per block \
+             needs cdiv(n, BLOCK) blocks.\n{}",
+            params_help(&func)
+        )));
+    };
+    let mut args = build_args(&func, &a.args, a.seed)?;
+
+    // Specialize for the alignment the inputs really have (the default assumes 16 bytes).
+    let mut realigned = Vec::new();
+    for (p, arg) in func.params.iter().zip(&args) {
+        if let (ParamKind::Tensor(tp), ArgValue::Tensor(t)) = (&p.kind, arg) {
+            if opts.tensor_align.iter().any(|(n, _)| n == &p.name) {
+                continue;
+            }
+            let nat = natural_alignment(t, tp.contiguous);
+            if nat < tp.align_bytes {
+                opts.tensor_align.push((p.name.clone(), nat));
+                realigned.push(format!("{}={nat}", p.name));
+            }
+        }
+    }
+    if !realigned.is_empty() {
+        say(format_args!(
+            "note: compiling for the inputs' alignment (--align {})",
+            realigned.join(" --align ")
+        ));
+        func = compile_to_ir(&file, &opts)
+            .map_err(|d| {
+                print_diags(&d, &file);
+                CliError::Exit(1)
+            })?
+            .0;
+    }
+    let kernel = kgen::core::compile(&file, &opts).map_err(|d| {
+        print_diags(&d, &file);
+        CliError::Exit(1)
+    })?;
+    // Outputs: tensors the kernel writes. Pure outputs start poisoned (NaN).
+    let outputs: Vec<usize> = kernel
+        .abi
+        .source_params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p, SourceParam::Tensor { written: true, .. }))
+        .map(|(i, _)| i)
+        .collect();
+    for &i in &outputs {
+        if let (SourceParam::Tensor { read: false, .. }, ArgValue::Tensor(t)) =
+            (&kernel.abi.source_params[i], &mut args[i])
+        {
+            t.poison(0xFF);
+        }
+    }
+    say(format_args!(
+        "kernel {} ({}), grid [{}, {}, {}], {} threads/block",
+        kernel.entry, kernel.arch, grid[0], grid[1], grid[2], kernel.launch.threads_per_block
+    ));
+
+    let mut iargs = args.clone();
+    let t0 = Instant::now();
+    interp::run(&func, grid, &mut iargs).map_err(|e| CliError::Msg(format!("interpreter: {e}")))?;
+    say(format_args!(
+        "interpreter: {:.1} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    ));
+
+    let mut gargs = None;
+    if let Some(g) = &gpu {
+        let loaded = g.load(&kernel).map_err(|e| CliError::Msg(e.to_string()))?;
+        let mut ga = args.clone();
+        let stats = g
+            .run(&loaded, grid, &mut ga)
+            .map_err(|e| CliError::Msg(e.to_string()))?;
+        say(format_args!(
+            "GPU {}: kernel {:.4} ms ({} registers/thread{})",
+            g.info().name,
+            stats.kernel_ms,
+            loaded.num_regs,
+            if loaded.local_bytes > 0 {
+                format!(
+                    ", {} bytes/thread of local memory: spills",
+                    loaded.local_bytes
+                )
+            } else {
+                String::new()
+            }
+        ));
+        gargs = Some(ga);
+    }
+
+    let mut mismatches = 0;
+    for &i in &outputs {
+        let name = &func.params[i].name;
+        let Some(it) = tensor(&iargs[i]) else {
+            continue;
+        };
+        say(format_args!("output `{name}`: {} {:?}", it.dtype, it.shape));
+        say(format_args!("  interpreter: {}", summary(it)));
+        if let Some(ga) = &gargs {
+            let Some(gt) = tensor(&ga[i]) else { continue };
+            say(format_args!("  GPU:         {}", summary(gt)));
+            let c = compare_values(
+                i,
+                &gt.to_f64_vec(),
+                &it.to_f64_vec(),
+                run_tolerance(it.dtype),
+            );
+            let ok = c.num_failed == 0;
+            if !ok {
+                mismatches += 1;
+            }
+            say(format_args!(
+                "  GPU vs interpreter: max abs {}, max rel {}, {} of {} outside tolerance{}: {}",
+                fmt_err(Some(c.max_abs_err)),
+                fmt_err(Some(c.max_rel_err)),
+                c.num_failed,
+                c.len,
+                c.first_failure
+                    .map(|m| format!(" (first at {}: GPU {} vs {})", m.index, m.got, m.want))
+                    .unwrap_or_default(),
+                if ok { "ok" } else { "MISMATCH" }
+            ));
+        }
+    }
+    if outputs.is_empty() {
+        say("the kernel writes no tensor");
+    }
+    if gpu.is_none() {
+        say(format_args!(
+            "no GPU: ran on the interpreter only ({no_gpu_why})"
+        ));
+    }
+    if mismatches > 0 {
+        return Err(CliError::Msg(format!(
+            "{mismatches} output(s) differ between the GPU and the interpreter"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_and_scalars() {
+        assert_eq!(
+            parse_shape("x", "1000x4097", &[None, None]),
+            Ok(vec![1000, 4097])
+        );
+        assert_eq!(parse_shape("x", "7", &[None]), Ok(vec![7]));
+        assert!(parse_shape("x", "7x3", &[None])
+            .unwrap_err()
+            .contains("rank 1"));
+        assert!(parse_shape("w", "100", &[Some(64)])
+            .unwrap_err()
+            .contains("declared as 64"));
+        assert!(parse_shape("x", "ax3", &[None, None]).is_err());
+        assert!(parse_shape("x", "100000x100000", &[None, None]).is_err());
+        assert_eq!(
+            parse_scalar("n", "42", DType::I32),
+            Ok(Scalar::Int(42, DType::I32))
+        );
+        assert_eq!(
+            parse_scalar("n", "-0x10", DType::I32),
+            Ok(Scalar::Int(-16, DType::I32))
+        );
+        assert!(parse_scalar("n", "3000000000", DType::I32).is_err());
+        assert_eq!(
+            parse_scalar("n", "3000000000", DType::U32),
+            Ok(Scalar::Int(3_000_000_000, DType::U32))
+        );
+        assert!(parse_scalar("n", "-1", DType::U32).is_err());
+        assert_eq!(
+            parse_scalar("f", "true", DType::Bool),
+            Ok(Scalar::Bool(true))
+        );
+        assert_eq!(
+            parse_scalar("e", "1e-5", DType::F32),
+            Ok(Scalar::Float(1e-5f32 as f64, DType::F32))
+        );
+        assert!(parse_scalar("e", "x", DType::F32).is_err());
+        assert!(
+            matches!(parse_scalar("e", "-inf", DType::BF16), Ok(Scalar::Float(v, DType::BF16)) if v == f64::NEG_INFINITY)
+        );
+    }
+
+    #[test]
+    fn random_data_has_the_dtype_and_range() {
+        let mut rng = Rng::new(3);
+        let t = random_tensor(&mut rng, DType::BF16, &[5, 7]);
+        assert_eq!(t.shape, vec![5, 7]);
+        assert!(t.to_f64_vec().iter().all(|v| (-1.0..1.0).contains(v)));
+        let t = random_tensor(&mut rng, DType::U32, &[100]);
+        assert!(t.to_f64_vec().iter().all(|v| (0.0..16.0).contains(v)));
+    }
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole test suite; CI runs it through .ci/run. Needs Rust, python3 and pip (no GPU,
+# no CUDA toolkit):
+#   1. installs ptxas from the pinned wheel nvidia-cuda-nvcc==13.0.88 into .tools/cuda/bin
+#      (tools/install-ptxas.sh) and exports KGEN_PTXAS for the tests that assemble PTX;
+#   2. cargo test --workspace --release;
+#   3. builds the release `kgen` and runs `kgen selftest` (every bundled kernel's cases on
+#      the interpreter against the float64 references; on a GPU machine also on the GPU);
+#   4. compiles every kernel of every kernels-src/*.kg for sm_80 and sm_90a with
+#      `kgen compile` and pipes it into ptxas as a smoke test.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+start=$SECONDS
+step() { printf '\n== %s (%ds)\n' "$*" "$((SECONDS - start))"; }
+
+step "ptxas"
+KGEN_PTXAS="$(bash tools/install-ptxas.sh)"
+export KGEN_PTXAS
+"$KGEN_PTXAS" --version | tail -n 1
+
+step "cargo test --workspace --release"
+cargo test --workspace --release
+
+step "cargo build --release"
+cargo build --release
+kgen=./target/release/kgen
+
+step "kgen selftest"
+"$kgen" selftest
+
+step "kgen compile | ptxas, every bundled kernel, sm_80 and sm_90a"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+n=0
+for f in kernels-src/*.kg; do
+  # Every `kernel NAME` at the start of a line (a file may hold several kernels).
+  kernels=$(sed -nE 's/^[[:space:]]*kernel[[:space:]]+([A-Za-z_][A-Za-z0-9_]*).*/\1/p' "$f")
+  if [ -z "$kernels" ]; then
+    echo "error: no kernel found in $f" >&2
+    exit 1
+  fi
+  for k in $kernels; do
+    for arch in sm_80 sm_90a; do
+      if ! "$kgen" compile "$f" --kernel "$k" --arch "$arch" \
+           | "$KGEN_PTXAS" -arch="$arch" -v /dev/stdin -o /dev/null >"$log" 2>&1; then
+        echo "FAIL $f $k $arch" >&2
+        cat "$log" >&2
+        exit 1
+      fi
+      regs=$(grep -oE 'Used [0-9]+ registers' "$log" | head -n 1 | grep -oE '[0-9]+' || echo "?")
+      spills=$(grep -oE '[0-9]+ bytes spill stores' "$log" | head -n 1 | grep -oE '^[0-9]+' || echo "?")
+      printf 'ok   %-24s %-20s %-7s %4s registers, %s bytes spilled\n' "$f" "$k" "$arch" "$regs" "$spills"
+      n=$((n + 1))
+    done
+  done
+done
+echo "$n PTX files assembled"
+
+step "all tests passed"
