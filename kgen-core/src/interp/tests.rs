@@ -1,15 +1,14 @@
-//! Interpreter tests, part 1: a small IR-building helper ([`Kb`]) shared with
-//! `tests_mem.rs`, and tests of the arithmetic, cast, reduction, shape, dot and control
-//! flow semantics against hand-computed f64 references on awkward sizes (reductions,
-//! shapes, dot and regions are in `tests_tile.rs`).
+//! Interpreter tests, part 1: a small IR-building helper ([`Kb`]) shared with the other
+//! test files, and tests of the element-wise arithmetic, cast and `fma` semantics against
+//! hand-computed references on awkward sizes.
 //!
 //! Assumes: `ir::Builder` appends values/instructions as documented.
-//! Guarantees: every output is poisoned (0xFF bytes) before a run, and checks cover every
+//! Guarantees: every output is poisoned (see `poison_byte`) before a run, and checks cover every
 //! element that should be written (and that the rest stayed poisoned).
 
 use super::*;
 use crate::host::HostTensor;
-use crate::ir::{BinaryOp, Builder, CmpOp, Param, ReduceOp, TensorParam, UnaryOp};
+use crate::ir::{BinaryOp, Builder, CmpOp, Param, TensorParam, UnaryOp};
 use crate::span::Span;
 use crate::types::{Scalar, Shape};
 use half::{bf16, f16};
@@ -233,7 +232,13 @@ pub(super) fn cdiv(n: usize, b: u32) -> u32 {
 }
 
 /// Runs a map1 kernel on `xs` and returns the outputs.
-pub(super) fn run_map1(func: &Function, din: DType, dout: DType, block: u32, xs: &[f64]) -> Vec<f64> {
+pub(super) fn run_map1(
+    func: &Function,
+    din: DType,
+    dout: DType,
+    block: u32,
+    xs: &[f64],
+) -> Vec<f64> {
     let n = xs.len();
     let mut args = vec![tensor(din, &[n], xs), poisoned(dout, &[n])];
     run(func, [cdiv(n, block), 1, 1], &mut args).unwrap();

@@ -479,4 +479,3 @@ fn if_runs_one_region() {
         assert_eq!(written(&args[0]), want);
     }
 }
-

@@ -46,6 +46,9 @@ impl Assignment {
     /// The anchor layout of a tile shape: blocked, vectorized for the global accesses of
     /// that shape.
     pub fn default_layout(&self, shape: &[u32]) -> Layout {
+        if shape.is_empty() {
+            return Layout::Uniform;
+        }
         let vec = self.pref_vec.get(&squeeze(shape)).copied().unwrap_or(1);
         Layout::Blocked(Blocked::default_for(shape, vec, self.num_warps))
     }

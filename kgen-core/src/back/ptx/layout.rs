@@ -410,7 +410,9 @@ impl Blocked {
         let r = p.len();
         let order: Vec<usize> = (0..r).rev().collect();
         let mut spt = vec![1u32; r];
-        spt[r - 1] = vec.clamp(1, p[r - 1]);
+        if let (Some(s), Some(&pl)) = (spt.last_mut(), p.last()) {
+            *s = vec.clamp(1, pl);
+        }
         let mut tpw = vec![1u32; r];
         let mut left = 32u32;
         for &d in &order {
@@ -418,7 +420,9 @@ impl Blocked {
             tpw[d] = t;
             left /= t;
         }
-        tpw[0] *= left;
+        if let Some(t) = tpw.first_mut() {
+            *t *= left;
+        }
         let mut wpc = vec![1u32; r];
         let mut left = num_warps.max(1);
         for &d in &order {
@@ -426,7 +430,9 @@ impl Blocked {
             wpc[d] = w;
             left /= w;
         }
-        wpc[0] *= left;
+        if let Some(w) = wpc.first_mut() {
+            *w *= left;
+        }
         Blocked {
             size_per_thread: spt,
             threads_per_warp: tpw,

@@ -90,6 +90,11 @@ impl Lowerer<'_> {
             ins.push(self.operand_in(o, &lin, span)?);
         }
         let dts: Vec<DType> = operands.iter().map(|&o| self.dtype(o)).collect();
+        if !crate::ir::shape_of(func.value_type(res)).is_empty()
+            && operands.iter().all(|&o| self.is_uniform(o))
+        {
+            self.mark_uniform(res);
+        }
         let mut memo: HashMap<Vec<Reg>, Reg> = HashMap::new();
         let mut out = Vec::with_capacity(lin.num_regs());
         for r in 0..lin.num_regs() {

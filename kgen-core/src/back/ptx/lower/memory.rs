@@ -546,8 +546,7 @@ impl Lowerer<'_> {
             let want = (16 / es)
                 .min((p.align_bytes / es).max(1))
                 .min(1 << last.trailing_zeros().min(4));
-            let uniform = regs.iter().all(|&r| r == regs[0]);
-            if !uniform && lin.contiguity(shape.len() - 1) < want {
+            if !self.is_uniform(*value) && lin.contiguity(shape.len() - 1) < want {
                 let anchor = self
                     .asg
                     .default_layout(&shape)

@@ -24,7 +24,7 @@ use super::assign::Assignment;
 use super::isa::{Addr, Inst, Operand, Reg, RegClass, Stmt};
 use super::layout::Linear;
 use crate::diag::{Diagnostic, Diagnostics, ErrorCode};
-use crate::ir::{Block, Function, InstId, Op, ParamKind, ValueId};
+use crate::ir::{Block, Function, InstId, Op, ValueId};
 use crate::span::Span;
 use crate::target::Target;
 use crate::types::DType;
@@ -115,6 +115,7 @@ pub struct Lowerer<'a> {
     tensors: Vec<Option<TensorRegs>>,
     scalars: Vec<Option<Reg>>,
     uses: HashMap<ValueId, usize>,
+    uniform: std::collections::HashSet<ValueId>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -142,6 +143,7 @@ impl<'a> Lowerer<'a> {
             tensors: Vec::new(),
             scalars: Vec::new(),
             uses,
+            uniform: std::collections::HashSet::new(),
         }
     }
 
@@ -501,9 +503,7 @@ impl<'a> Lowerer<'a> {
     pub fn operand_in(&mut self, v: ValueId, dst: &Linear, span: Span) -> R<Vec<Reg>> {
         let regs = self.regs(v, span)?;
         let n = dst.num_regs();
-        if crate::ir::shape_of(self.func.value_type(v)).is_empty()
-            || regs.iter().all(|&r| r == regs[0])
-        {
+        if self.is_uniform(v) {
             return Ok(vec![regs[0]; n]);
         }
         let src = self.lin(v);
@@ -523,6 +523,17 @@ impl<'a> Lowerer<'a> {
             top.insert(key, out.clone());
         }
         Ok(out)
+    }
+
+    /// True for scalars and for tiles known to hold one value everywhere (constants,
+    /// splats and what is computed from them only); such a tile is free in any layout.
+    /// (A tile with one register per thread is *not* uniform: threads differ.)
+    pub fn is_uniform(&self, v: ValueId) -> bool {
+        crate::ir::shape_of(self.func.value_type(v)).is_empty() || self.uniform.contains(&v)
+    }
+
+    pub fn mark_uniform(&mut self, v: ValueId) {
+        self.uniform.insert(v);
     }
 
     pub fn is_used(&self, v: ValueId) -> bool {
@@ -735,11 +746,17 @@ impl<'a> Lowerer<'a> {
             Op::Const(s) => {
                 let r = self.constant(*s, span)?;
                 let n = res.map(|v| self.lin(v).num_regs()).unwrap_or(1);
+                if let Some(v) = res {
+                    self.mark_uniform(v);
+                }
                 self.bind_res(res, vec![r; n], span)
             }
             Op::Splat(v) => {
                 let r = self.scalar(*v, span)?;
                 let n = res.map(|v| self.lin(v).num_regs()).unwrap_or(1);
+                if let Some(v) = res {
+                    self.mark_uniform(v);
+                }
                 self.bind_res(res, vec![r; n], span)
             }
             Op::Arange { start, .. } => self.lower_arange(res, *start, span),
@@ -792,9 +809,4 @@ fn count_uses(func: &Function, b: &Block, uses: &mut HashMap<ValueId, usize>) {
             _ => {}
         }
     }
-}
-
-/// Which params were declared (used by `ParamKind` checks elsewhere).
-pub fn is_tensor(kind: &ParamKind) -> bool {
-    matches!(kind, ParamKind::Tensor(_))
 }

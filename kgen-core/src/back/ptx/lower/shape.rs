@@ -32,9 +32,6 @@ impl Lowerer<'_> {
         dt: DType,
         span: Span,
     ) -> R<Vec<Reg>> {
-        if !regs.is_empty() && regs.iter().all(|&r| r == regs[0]) {
-            return Ok(vec![regs[0]; dst.num_regs()]);
-        }
         if let Some(map) = layout::free_remap(src, dst, weights) {
             return map
                 .into_iter()
@@ -192,10 +189,11 @@ impl Lowerer<'_> {
         let dt = self.dtype(res);
         let dst = self.lin(res);
         let src_shape = self.shape(v);
-        if src_shape.is_empty() {
-            // A scalar operand (lenient): every element is the scalar.
+        if src_shape.is_empty() || self.is_uniform(v) {
+            // A scalar or uniform operand: every element is the same register.
             let r = self.scalar(v, span)?;
             self.bind(res, vec![r; dst.num_regs()]);
+            self.mark_uniform(res);
             return Ok(());
         }
         let src = self.lin(v);
