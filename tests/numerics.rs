@@ -314,3 +314,13 @@ fn references_agree_with_independent_formulations() {
         check_close("rmsnorm normalized ms", &[zs], &[ms / (ms + eps)], Tolerance { rel: 1e-9, abs: 0.0 });
     }
 }
+
+#[test]
+fn bundled_kernels_parse() {
+    for &(stem, _) in cases::BUNDLED_KERNELS {
+        let src = SourceFile::new(format!("kernels-src/{stem}.kg"), cases::kernel_source(stem).unwrap());
+        if let Err(d) = kgen_core::front::parse(&src) {
+            panic!("{}", d.render(&src));
+        }
+    }
+}
