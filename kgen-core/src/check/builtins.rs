@@ -123,7 +123,7 @@ impl Checker<'_> {
         if pos.len() < required || pos.len() > params.len() {
             let expected = if required == params.len() { format!("{required}") } else { format!("{required} to {}", params.len()) };
             return self.push(
-                Diagnostic::error(ErrorCode::BadArguments, span, format!("`{name}` takes {expected} arguments, {} given", pos.len()))
+                Diagnostic::error(ErrorCode::BadArguments, span, format!("`{name}` takes {expected} argument{}, {} given", if params.len() == 1 { "" } else { "s" }, pos.len()))
                     .with_note(format!("usage: {name}({})", params.join(", "))),
             );
         }

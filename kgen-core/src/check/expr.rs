@@ -43,6 +43,9 @@ impl Checker<'_> {
     }
 
     fn name(&mut self, id: &ast::Ident) -> Ev {
+        if self.poisoned.contains(&id.name) && self.lookup(&id.name).is_none() {
+            return Ev::Poison;
+        }
         if let Some(b) = self.lookup(&id.name) {
             return match b.clone() {
                 Binding::Var { value, .. } => value,

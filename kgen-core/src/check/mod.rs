@@ -64,6 +64,8 @@ pub(crate) struct Checker<'a> {
     pub opts: &'a CompileOptions,
     /// Largest tile seen, for the warp heuristic.
     pub max_tile: u64,
+    /// Generics whose value was rejected: their uses are not reported again.
+    pub poisoned: std::collections::HashSet<String>,
 }
 
 /// Checks one kernel of `module` (chosen by `opts.kernel`) under the compile-time values
@@ -95,6 +97,7 @@ pub fn lower_kernel(
         blocks: vec![Block::default()],
         opts,
         max_tile: 1,
+        poisoned: Default::default(),
     };
     let consts = c.specialize(kernel);
     let tensor_align = c.params(kernel);
@@ -228,7 +231,10 @@ impl Checker<'_> {
                 None => match &g.default {
                     Some(e) => match self.const_eval(e) {
                         Some(v) => Some(v),
-                        None => continue,
+                        None => {
+                            self.poisoned.insert(g.name.name.clone());
+                            continue;
+                        }
                     },
                     None => {
                         self.push(
@@ -240,6 +246,7 @@ impl Checker<'_> {
                             .with_label_message("no default here")
                             .with_note(format!("give it a default, or pass `-D {}=...`", g.name.name)),
                         );
+                        self.poisoned.insert(g.name.name.clone());
                         continue;
                     }
                 },
@@ -266,6 +273,7 @@ impl Checker<'_> {
                         )
                         .with_secondary(g.kind_span, "kind declared here"),
                     );
+                    self.poisoned.insert(g.name.name.clone());
                     continue;
                 }
             };
@@ -282,6 +290,7 @@ impl Checker<'_> {
         }
         match self.lookup(&id.name) {
             Some(Binding::Generic { value: ConstArg::DType(d), .. }) => Some(*d),
+            _ if self.poisoned.contains(&id.name) => None,
             _ => {
                 let known = "bool, i32, u32, i64, f16, bf16, f32";
                 self.push(
