@@ -18,7 +18,10 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|x| x == "kg"))
         .collect();
     files.sort();
-    println!("{:<14} {:<7} {:>10} {:>10} {:>8}", "kernel", "arch", "median", "min", "PTX lines");
+    println!(
+        "{:<14} {:<7} {:>10} {:>10} {:>8}",
+        "kernel", "arch", "median", "min", "PTX lines"
+    );
     let mut worst = Duration::ZERO;
     for path in files {
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();

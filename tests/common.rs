@@ -83,10 +83,15 @@ pub fn assemble(ptxas: &Path, ptx: &str, arch: &str, name: &str) -> Result<Ptxas
             .and_then(|w| w.parse().ok())
             .unwrap_or(0)
     };
-    let mut r = PtxasReport { raw: raw.clone(), ..Default::default() };
+    let mut r = PtxasReport {
+        raw: raw.clone(),
+        ..Default::default()
+    };
     for line in raw.lines() {
         if line.contains("bytes stack frame") {
-            r.stack_frame_bytes = r.stack_frame_bytes.max(num_before(line, "bytes stack frame"));
+            r.stack_frame_bytes = r
+                .stack_frame_bytes
+                .max(num_before(line, "bytes stack frame"));
             r.spill_stores = r.spill_stores.max(num_before(line, "bytes spill stores"));
             r.spill_loads = r.spill_loads.max(num_before(line, "bytes spill loads"));
         }

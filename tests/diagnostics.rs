@@ -39,9 +39,16 @@ fn malformed_programs_render_located_diagnostics() {
         let rendered = err.render(&file);
         for d in &err.0 {
             codes.insert(d.code.code());
-            assert_ne!(d.code, ErrorCode::InvalidIr, "{stem}: internal error:\n{rendered}");
+            assert_ne!(
+                d.code,
+                ErrorCode::InvalidIr,
+                "{stem}: internal error:\n{rendered}"
+            );
         }
-        assert!(rendered.contains(&format!("{stem}.kg:")), "{stem}: no file:line:col\n{rendered}");
+        assert!(
+            rendered.contains(&format!("{stem}.kg:")),
+            "{stem}: no file:line:col\n{rendered}"
+        );
         assert!(rendered.contains('^'), "{stem}: no caret\n{rendered}");
         insta::assert_snapshot!(format!("diag_{stem}"), rendered);
     }
@@ -67,7 +74,10 @@ fn malformed_programs_render_located_diagnostics() {
         ErrorCode::BadControlFlow,
         ErrorCode::TargetLimit,
     ] {
-        assert!(codes.contains(code.code()), "no malformed program produces {code:?}");
+        assert!(
+            codes.contains(code.code()),
+            "no malformed program produces {code:?}"
+        );
     }
 }
 

@@ -32,14 +32,22 @@ fn examples() -> Vec<(usize, String)> {
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
     }
 }
 
+/// A grid and (parameter name, value spec) pairs.
+type RunSpec = ([u32; 3], Vec<(String, String)>);
+
 /// Parses `// run: grid=4,1 x=1000x7 eps=1e-5` into a grid and per-parameter specs.
-fn run_spec(text: &str) -> Option<([u32; 3], Vec<(String, String)>)> {
-    let line = text.lines().find_map(|l| l.trim().strip_prefix("// run:"))?;
+fn run_spec(text: &str) -> Option<RunSpec> {
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("// run:"))?;
     let mut grid = [1u32; 3];
     let mut args = Vec::new();
     for word in line.split_whitespace() {
@@ -59,14 +67,27 @@ fn run_spec(text: &str) -> Option<([u32; 3], Vec<(String, String)>)> {
 fn language_md_examples_compile_assemble_and_run() {
     let ptxas = common::ptxas();
     let examples = examples();
-    assert!(examples.len() >= 10, "LANGUAGE.md has only {} kg examples", examples.len());
+    assert!(
+        examples.len() >= 10,
+        "LANGUAGE.md has only {} kg examples",
+        examples.len()
+    );
     let mut rng = Lcg(0x9e3779b97f4a7c15);
     for (line, text) in examples {
         let file = SourceFile::new(format!("LANGUAGE.md:{line}"), text.clone());
-        if let Some(code) = text.lines().next().and_then(|l| l.trim().strip_prefix("// error:")) {
+        if let Some(code) = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().strip_prefix("// error:"))
+        {
             let err = compile(&file, &CompileOptions::new(Arch::Sm90a))
                 .expect_err(&format!("example at line {line} should fail"));
-            assert_eq!(err.0[0].code.code(), code.trim(), "example at line {line}:\n{}", err.render(&file));
+            assert_eq!(
+                err.0[0].code.code(),
+                code.trim(),
+                "example at line {line}:\n{}",
+                err.render(&file)
+            );
             continue;
         }
         for arch in Arch::ALL {
@@ -77,7 +98,9 @@ fn language_md_examples_compile_assemble_and_run() {
                     .unwrap_or_else(|e| panic!("example at line {line}: ptxas: {e}"));
             }
         }
-        let Some((grid, specs)) = run_spec(&text) else { continue };
+        let Some((grid, specs)) = run_spec(&text) else {
+            continue;
+        };
         let (func, _) = compile_to_ir(&file, &CompileOptions::new(Arch::Sm80)).unwrap();
         let mut args = Vec::new();
         let mut outputs = Vec::new();
@@ -87,10 +110,13 @@ fn language_md_examples_compile_assemble_and_run() {
                 .iter()
                 .find(|(n, _)| n == &p.name)
                 .map(|(_, s)| s.clone())
-                .unwrap_or_else(|| panic!("example at line {line}: no // run: value for `{}`", p.name));
+                .unwrap_or_else(|| {
+                    panic!("example at line {line}: no // run: value for `{}`", p.name)
+                });
             match &p.kind {
                 ParamKind::Tensor(t) => {
-                    let shape: Vec<usize> = spec.split('x').map(|d| d.parse().expect("shape")).collect();
+                    let shape: Vec<usize> =
+                        spec.split('x').map(|d| d.parse().expect("shape")).collect();
                     let n: usize = shape.iter().product();
                     let vals: Vec<f64> = (0..n)
                         .map(|i| match t.dtype {
@@ -113,12 +139,17 @@ fn language_md_examples_compile_assemble_and_run() {
                 }
             }
         }
-        interp::run(&func, grid, &mut args).unwrap_or_else(|e| panic!("example at line {line}: {e}"));
+        interp::run(&func, grid, &mut args)
+            .unwrap_or_else(|e| panic!("example at line {line}: {e}"));
         for o in outputs {
             if let ArgValue::Tensor(t) = &args[o] {
                 if t.dtype.is_float() {
                     let nan = t.to_f64_vec().iter().filter(|v| v.is_nan()).count();
-                    assert_eq!(nan, 0, "example at line {line}: {nan} output elements of `{}` not written", func.params[o].name);
+                    assert_eq!(
+                        nan, 0,
+                        "example at line {line}: {nan} output elements of `{}` not written",
+                        func.params[o].name
+                    );
                 }
             }
         }

@@ -28,7 +28,9 @@ struct Outcome {
 }
 
 fn run_all(cases: &[Case]) -> Vec<Outcome> {
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(8);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut out: Vec<Option<Outcome>> = (0..cases.len()).map(|_| None).collect();
     let results = std::sync::Mutex::new(&mut out);
@@ -73,7 +75,12 @@ fn bundled_cases_match_reference() {
             Err(e) => failures.push(format!(
                 "  {:<70} {}",
                 o.label,
-                e.lines().next().unwrap_or("").chars().take(200).collect::<String>()
+                e.lines()
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
             )),
         }
         if std::env::var("KGEN_VERBOSE").is_ok() {
@@ -146,7 +153,10 @@ impl TorchAdamWParam {
     fn step(&mut self, grad: &[f64], gr: &Group) {
         let (beta1, beta2) = gr.betas;
         // grad = grad if not maximize else -grad
-        let grad: Vec<f64> = grad.iter().map(|g| if gr.maximize { -g } else { *g }).collect();
+        let grad: Vec<f64> = grad
+            .iter()
+            .map(|g| if gr.maximize { -g } else { *g })
+            .collect();
         // step_t += 1
         self.step += 1;
         // param.mul_(1 - lr * weight_decay)
@@ -204,24 +214,49 @@ fn check_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
 fn adamw_matches_torch_single_tensor_port_over_ten_steps() {
     let groups = [
         (
-            Group { lr: 1e-3, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 1e-2, maximize: false },
+            Group {
+                lr: 1e-3,
+                betas: (0.9, 0.999),
+                eps: 1e-8,
+                weight_decay: 1e-2,
+                maximize: false,
+            },
             vec![7usize, 1000],
         ),
         (
-            Group { lr: 3e-2, betas: (0.8, 0.95), eps: 1e-6, weight_decay: 0.1, maximize: true },
+            Group {
+                lr: 3e-2,
+                betas: (0.8, 0.95),
+                eps: 1e-6,
+                weight_decay: 0.1,
+                maximize: true,
+            },
             vec![4097usize],
         ),
     ];
     let mut rng = cases::Rng::new(2024);
     let f32_round = |v: &[f64]| -> Vec<f64> { v.iter().map(|x| *x as f32 as f64).collect() };
     let t32 = |v: &[f64]| HostTensor::from_f64(DType::F32, &[v.len()], v);
-    let p_tol = Tolerance { rel: 2e-5, abs: 1e-6 };
+    let p_tol = Tolerance {
+        rel: 2e-5,
+        abs: 1e-6,
+    };
     // m mixes terms of ~1e-2 with either sign: f32 rounding leaves ~1e-9 absolute.
-    let m_tol = Tolerance { rel: 2e-5, abs: 2e-8 };
-    let v_tol = Tolerance { rel: 2e-5, abs: 1e-12 };
+    let m_tol = Tolerance {
+        rel: 2e-5,
+        abs: 2e-8,
+    };
+    let v_tol = Tolerance {
+        rel: 2e-5,
+        abs: 1e-12,
+    };
     for (gi, (group, sizes)) in groups.iter().enumerate() {
         for &n in sizes {
-            let p0 = f32_round(&(0..n).map(|_| rng.signed_magnitude(1e-2, 1.0)).collect::<Vec<_>>());
+            let p0 = f32_round(
+                &(0..n)
+                    .map(|_| rng.signed_magnitude(1e-2, 1.0))
+                    .collect::<Vec<_>>(),
+            );
             let mut torch = TorchAdamWParam {
                 param: p0.clone(),
                 exp_avg: vec![0.0; n],
@@ -232,7 +267,11 @@ fn adamw_matches_torch_single_tensor_port_over_ten_steps() {
             let mut refs = (t32(&p0), t32(&vec![0.0; n]), t32(&vec![0.0; n]));
             let mut kern = refs.clone();
             for step in 1..=10u64 {
-                let g = f32_round(&(0..n).map(|_| rng.signed_magnitude(1e-3, 1e-1)).collect::<Vec<_>>());
+                let g = f32_round(
+                    &(0..n)
+                        .map(|_| rng.signed_magnitude(1e-3, 1e-1))
+                        .collect::<Vec<_>>(),
+                );
                 torch.step(&g, group);
                 let cfg = adamw::AdamWConfig {
                     maximize: group.maximize,
@@ -244,10 +283,18 @@ fn adamw_matches_torch_single_tensor_port_over_ten_steps() {
                     step,
                     ..adamw::AdamWConfig::new(DType::F32, DType::F32)
                 };
-                let what = |chain: &str, t: &str| format!("group {gi} n={n} step {step} {chain} {t}");
+                let what =
+                    |chain: &str, t: &str| format!("group {gi} n={n} step {step} {chain} {t}");
 
                 // The case reference, fed its own outputs rounded to f32.
-                let c = adamw::case(&cfg, refs.0.clone(), t32(&g), refs.1.clone(), refs.2.clone(), cfg.label(n));
+                let c = adamw::case(
+                    &cfg,
+                    refs.0.clone(),
+                    t32(&g),
+                    refs.1.clone(),
+                    refs.2.clone(),
+                    cfg.label(n),
+                );
                 let want = c.expected();
                 refs = (t32(&want[0]), t32(&want[1]), t32(&want[2]));
                 check_close(&what("reference", "p"), &want[0], &torch.param, p_tol);
@@ -255,12 +302,38 @@ fn adamw_matches_torch_single_tensor_port_over_ten_steps() {
                 check_close(&what("reference", "v"), &want[2], &torch.exp_avg_sq, v_tol);
 
                 // The kernel, fed its own outputs.
-                let c = adamw::case(&cfg, kern.0.clone(), t32(&g), kern.1.clone(), kern.2.clone(), cfg.label(n));
+                let c = adamw::case(
+                    &cfg,
+                    kern.0.clone(),
+                    t32(&g),
+                    kern.1.clone(),
+                    kern.2.clone(),
+                    cfg.label(n),
+                );
                 let args = run_in_interpreter(&c, Arch::Sm80).unwrap_or_else(|e| panic!("{e}"));
-                kern = (tensor(&args, adamw::P), tensor(&args, adamw::M), tensor(&args, adamw::V));
-                check_close(&what("kernel", "p"), &kern.0.to_f64_vec(), &torch.param, p_tol);
-                check_close(&what("kernel", "m"), &kern.1.to_f64_vec(), &torch.exp_avg, m_tol);
-                check_close(&what("kernel", "v"), &kern.2.to_f64_vec(), &torch.exp_avg_sq, v_tol);
+                kern = (
+                    tensor(&args, adamw::P),
+                    tensor(&args, adamw::M),
+                    tensor(&args, adamw::V),
+                );
+                check_close(
+                    &what("kernel", "p"),
+                    &kern.0.to_f64_vec(),
+                    &torch.param,
+                    p_tol,
+                );
+                check_close(
+                    &what("kernel", "m"),
+                    &kern.1.to_f64_vec(),
+                    &torch.exp_avg,
+                    m_tol,
+                );
+                check_close(
+                    &what("kernel", "v"),
+                    &kern.2.to_f64_vec(),
+                    &torch.exp_avg_sq,
+                    v_tol,
+                );
             }
         }
     }
@@ -271,10 +344,15 @@ fn adamw_matches_torch_single_tensor_port_over_ten_steps() {
 fn references_agree_with_independent_formulations() {
     let mut rng = cases::Rng::new(99);
     let (rows, cols) = (3usize, 37usize);
-    let x: Vec<f64> = (0..rows * cols).map(|_| 3.0 + 2.0 * rng.normalish()).collect();
+    let x: Vec<f64> = (0..rows * cols)
+        .map(|_| 3.0 + 2.0 * rng.normalish())
+        .collect();
     let w: Vec<f64> = (0..cols).map(|_| rng.signed_magnitude(0.5, 1.5)).collect();
     let b: Vec<f64> = (0..cols).map(|_| rng.signed_magnitude(0.1, 0.5)).collect();
-    let tol = Tolerance { rel: 1e-12, abs: 1e-12 };
+    let tol = Tolerance {
+        rel: 1e-12,
+        abs: 1e-12,
+    };
 
     // softmax = exp(x - logsumexp(x)), with logsumexp computed without the max shift.
     let y = cases::softmax::reference(&x, cols);
@@ -296,12 +374,36 @@ fn references_agree_with_independent_formulations() {
         let mu = row.iter().sum::<f64>() / cols as f64;
         let var = row.iter().map(|v| v * v).sum::<f64>() / cols as f64 - mu * mu;
         check_close("layernorm mean", &[mean[r]], &[mu], tol);
-        check_close("layernorm rstd", &[rstd[r]], &[1.0 / (var + eps).sqrt()], Tolerance { rel: 1e-9, abs: 0.0 });
+        check_close(
+            "layernorm rstd",
+            &[rstd[r]],
+            &[1.0 / (var + eps).sqrt()],
+            Tolerance {
+                rel: 1e-9,
+                abs: 0.0,
+            },
+        );
         let z: Vec<f64> = (0..cols).map(|c| (y[r * cols + c] - b[c]) / w[c]).collect();
         let zm = z.iter().sum::<f64>() / cols as f64;
         let zv = z.iter().map(|v| v * v).sum::<f64>() / cols as f64;
-        check_close("layernorm normalized mean", &[zm], &[0.0], Tolerance { rel: 0.0, abs: 1e-12 });
-        check_close("layernorm normalized var", &[zv], &[var / (var + eps)], Tolerance { rel: 1e-9, abs: 0.0 });
+        check_close(
+            "layernorm normalized mean",
+            &[zm],
+            &[0.0],
+            Tolerance {
+                rel: 0.0,
+                abs: 1e-12,
+            },
+        );
+        check_close(
+            "layernorm normalized var",
+            &[zv],
+            &[var / (var + eps)],
+            Tolerance {
+                rel: 1e-9,
+                abs: 0.0,
+            },
+        );
     }
 
     // rmsnorm: y / w has mean square ms / (ms + eps).
@@ -309,16 +411,38 @@ fn references_agree_with_independent_formulations() {
     for r in 0..rows {
         let row = &x[r * cols..(r + 1) * cols];
         let ms = row.iter().map(|v| v * v).sum::<f64>() / cols as f64;
-        check_close("rmsnorm rstd", &[rstd[r]], &[(ms + eps).powf(-0.5)], Tolerance { rel: 1e-12, abs: 0.0 });
-        let zs = (0..cols).map(|c| (y[r * cols + c] / w[c]).powi(2)).sum::<f64>() / cols as f64;
-        check_close("rmsnorm normalized ms", &[zs], &[ms / (ms + eps)], Tolerance { rel: 1e-9, abs: 0.0 });
+        check_close(
+            "rmsnorm rstd",
+            &[rstd[r]],
+            &[(ms + eps).powf(-0.5)],
+            Tolerance {
+                rel: 1e-12,
+                abs: 0.0,
+            },
+        );
+        let zs = (0..cols)
+            .map(|c| (y[r * cols + c] / w[c]).powi(2))
+            .sum::<f64>()
+            / cols as f64;
+        check_close(
+            "rmsnorm normalized ms",
+            &[zs],
+            &[ms / (ms + eps)],
+            Tolerance {
+                rel: 1e-9,
+                abs: 0.0,
+            },
+        );
     }
 }
 
 #[test]
 fn bundled_kernels_parse() {
     for &(stem, _) in cases::BUNDLED_KERNELS {
-        let src = SourceFile::new(format!("kernels-src/{stem}.kg"), cases::kernel_source(stem).unwrap());
+        let src = SourceFile::new(
+            format!("kernels-src/{stem}.kg"),
+            cases::kernel_source(stem).unwrap(),
+        );
         if let Err(d) = kgen_core::front::parse(&src) {
             panic!("{}", d.render(&src));
         }

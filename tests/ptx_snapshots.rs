@@ -10,7 +10,11 @@ use kgen_core::{compile, compile_to_ir, Arch, CompileOptions, SourceFile};
 fn bundled_kernels_ptx_snapshots_and_ptxas() {
     let ptxas = common::ptxas();
     let kernels = common::bundled_kernels();
-    assert!(kernels.len() >= 6, "expected the bundled kernels, found {}", kernels.len());
+    assert!(
+        kernels.len() >= 6,
+        "expected the bundled kernels, found {}",
+        kernels.len()
+    );
     let mut failures = Vec::new();
     for (stem, text) in &kernels {
         let file = SourceFile::new(format!("kernels-src/{stem}.kg"), text.clone());
@@ -18,7 +22,10 @@ fn bundled_kernels_ptx_snapshots_and_ptxas() {
             let compiled = match compile(&file, &CompileOptions::new(arch)) {
                 Ok(k) => k,
                 Err(d) => {
-                    failures.push(format!("{stem} {arch}: compile failed:\n{}", d.render(&file)));
+                    failures.push(format!(
+                        "{stem} {arch}: compile failed:\n{}",
+                        d.render(&file)
+                    ));
                     continue;
                 }
             };

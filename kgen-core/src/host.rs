@@ -66,7 +66,9 @@ impl HostTensor {
 
     /// Every element of the view, row-major, as f64.
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        (0..self.num_elements()).map(|i| self.get_linear(i)).collect()
+        (0..self.num_elements())
+            .map(|i| self.get_linear(i))
+            .collect()
     }
 
     /// Reads the storage element at `off` as f64 (integers exactly up to 2^53).
@@ -85,15 +87,30 @@ impl HostTensor {
         let b = &self.data[off * sz..off * sz + sz];
         match self.dtype {
             DType::Bool => Scalar::Bool(b[0] != 0),
-            DType::I32 => Scalar::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64, DType::I32),
-            DType::U32 => Scalar::Int(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64, DType::U32),
+            DType::I32 => Scalar::Int(
+                i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
+                DType::I32,
+            ),
+            DType::U32 => Scalar::Int(
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
+                DType::U32,
+            ),
             DType::I64 => Scalar::Int(
                 i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
                 DType::I64,
             ),
-            DType::F16 => Scalar::Float(f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(), DType::F16),
-            DType::BF16 => Scalar::Float(bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(), DType::BF16),
-            DType::F32 => Scalar::Float(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64, DType::F32),
+            DType::F16 => Scalar::Float(
+                f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+                DType::F16,
+            ),
+            DType::BF16 => Scalar::Float(
+                bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+                DType::BF16,
+            ),
+            DType::F32 => Scalar::Float(
+                f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                DType::F32,
+            ),
         }
     }
 
@@ -161,10 +178,16 @@ fn scalar_to_bytes(dtype: DType, s: Scalar) -> [u8; 8] {
     let mut out = [0u8; 8];
     match (dtype, s) {
         (DType::Bool, s) => out[0] = (s.to_f64() != 0.0) as u8,
-        (DType::I32 | DType::U32, Scalar::Int(v, _)) => out[..4].copy_from_slice(&(v as u32).to_le_bytes()),
+        (DType::I32 | DType::U32, Scalar::Int(v, _)) => {
+            out[..4].copy_from_slice(&(v as u32).to_le_bytes())
+        }
         (DType::I64, Scalar::Int(v, _)) => out.copy_from_slice(&v.to_le_bytes()),
-        (DType::F16, s) => out[..2].copy_from_slice(&f16::from_f64(s.to_f64()).to_bits().to_le_bytes()),
-        (DType::BF16, s) => out[..2].copy_from_slice(&bf16::from_f64(s.to_f64()).to_bits().to_le_bytes()),
+        (DType::F16, s) => {
+            out[..2].copy_from_slice(&f16::from_f64(s.to_f64()).to_bits().to_le_bytes())
+        }
+        (DType::BF16, s) => {
+            out[..2].copy_from_slice(&bf16::from_f64(s.to_f64()).to_bits().to_le_bytes())
+        }
         (DType::F32, s) => out[..4].copy_from_slice(&(s.to_f64() as f32).to_le_bytes()),
         (d, s) => return scalar_to_bytes(d, scalar_from_f64(d, s.to_f64())),
     }

@@ -47,9 +47,7 @@ impl FromStr for Arch {
         match s {
             "sm_80" | "sm80" | "ampere" => Ok(Arch::Sm80),
             "sm_90a" | "sm90a" | "sm_90" | "hopper" => Ok(Arch::Sm90a),
-            _ => Err(format!(
-                "unknown arch `{s}`: expected `sm_80` or `sm_90a`"
-            )),
+            _ => Err(format!("unknown arch `{s}`: expected `sm_80` or `sm_90a`")),
         }
     }
 }

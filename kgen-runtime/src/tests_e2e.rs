@@ -169,7 +169,9 @@ fn poisoned(dt: DType, shape: &[usize]) -> HostTensor {
 }
 
 /// (name, function, args, grid, output index)
-fn cases() -> Vec<(String, Function, Vec<ArgValue>, [u32; 3], usize)> {
+type E2eCase = (String, Function, Vec<ArgValue>, [u32; 3], usize);
+
+fn cases() -> Vec<E2eCase> {
     let mut seed = 7u64;
     let mut v = Vec::new();
     for (dt, n, block, align) in [
@@ -259,7 +261,7 @@ fn gpu_matches_interpreter_on_hand_built_ir() {
             let mut worst = 0.0f64;
             for (x, y) in vi.iter().zip(&vg) {
                 let d = (x - y).abs();
-                if !(d <= 1e-5 + 1e-5 * x.abs()) {
+                if d.is_nan() || d > 1e-5 + 1e-5 * x.abs() {
                     bad += 1;
                 }
                 if d.is_finite() {

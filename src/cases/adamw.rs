@@ -3,7 +3,17 @@
 use super::*;
 
 const PARAMS: &[&str] = &[
-    "p", "g", "m", "v", "lr", "beta1", "beta2", "eps", "weight_decay", "bc1", "bc2_sqrt",
+    "p",
+    "g",
+    "m",
+    "v",
+    "lr",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight_decay",
+    "bc1",
+    "bc2_sqrt",
 ];
 
 /// Argument indices of the tensors the kernel updates in place.
@@ -124,9 +134,15 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
 pub fn random_case(seed: u64, cfg: &AdamWConfig, n: usize) -> Case {
     let label = cfg.label(n);
     let mut rng = Rng::for_case(seed, &label);
-    let p = random_tensor(&mut rng, cfg.param_dtype, &[n], |r| r.signed_magnitude(1e-2, 1.0));
-    let g = random_tensor(&mut rng, cfg.param_dtype, &[n], |r| r.signed_magnitude(1e-3, 1e-1));
-    let m = random_tensor(&mut rng, cfg.state_dtype, &[n], |r| r.signed_magnitude(1e-4, 1e-2));
+    let p = random_tensor(&mut rng, cfg.param_dtype, &[n], |r| {
+        r.signed_magnitude(1e-2, 1.0)
+    });
+    let g = random_tensor(&mut rng, cfg.param_dtype, &[n], |r| {
+        r.signed_magnitude(1e-3, 1e-1)
+    });
+    let m = random_tensor(&mut rng, cfg.state_dtype, &[n], |r| {
+        r.signed_magnitude(1e-4, 1e-2)
+    });
     let v = random_tensor(&mut rng, cfg.state_dtype, &[n], |r| r.uniform(1e-6, 1e-3));
     case(cfg, p, g, m, v, label)
 }
@@ -162,7 +178,10 @@ pub fn case(
     let maximize = cfg.maximize;
     // f32: a handful of roundings on values of magnitude <= 1, plus the update's error
     // where m cancels (|m| ~ 1e-9 absolute, amplified by step_size / denom).
-    let f32_tol = Tolerance { rel: 5e-6, abs: 2e-7 };
+    let f32_tol = Tolerance {
+        rel: 5e-6,
+        abs: 2e-7,
+    };
     let tolerance = Tolerance::for_dtype(cfg.param_dtype, f32_tol)
         .max(Tolerance::for_dtype(cfg.state_dtype, f32_tol));
     Case {
@@ -226,7 +245,11 @@ pub fn reference(
     maximize: bool,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let n = p.len();
-    let (mut po, mut mo, mut vo) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut po, mut mo, mut vo) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
     for i in 0..n {
         let g = if maximize { -g[i] } else { g[i] };
         let pd = p[i] * (1.0 - s.lr * s.weight_decay);

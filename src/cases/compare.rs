@@ -49,11 +49,17 @@ impl CompareResult {
     }
 
     pub fn max_abs_err(&self) -> f64 {
-        self.outputs.iter().map(|o| o.max_abs_err).fold(0.0, f64::max)
+        self.outputs
+            .iter()
+            .map(|o| o.max_abs_err)
+            .fold(0.0, f64::max)
     }
 
     pub fn max_rel_err(&self) -> f64 {
-        self.outputs.iter().map(|o| o.max_rel_err).fold(0.0, f64::max)
+        self.outputs
+            .iter()
+            .map(|o| o.max_rel_err)
+            .fold(0.0, f64::max)
     }
 
     pub fn num_failed(&self) -> usize {
@@ -137,7 +143,11 @@ pub fn compare_values(arg: usize, got: &[f64], want: &[f64], tol: Tolerance) -> 
         if !within(g, w, tol) {
             r.num_failed += 1;
             if r.first_failure.is_none() {
-                r.first_failure = Some(Mismatch { index: i, got: g, want: w });
+                r.first_failure = Some(Mismatch {
+                    index: i,
+                    got: g,
+                    want: w,
+                });
             }
         }
     }
@@ -232,7 +242,10 @@ mod tests {
 
     #[test]
     fn tolerance_rules() {
-        let t = Tolerance { rel: 1e-3, abs: 1e-6 };
+        let t = Tolerance {
+            rel: 1e-3,
+            abs: 1e-6,
+        };
         assert!(within(1.0005, 1.0, t));
         assert!(!within(1.002, 1.0, t));
         assert!(within(5e-7, 0.0, t));

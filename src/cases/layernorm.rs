@@ -71,7 +71,13 @@ pub fn case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize, eps
         }),
         // f32: the f32 mean carries ~1e-7 * |x| of error into x - mean (absolute, since
         // y can cancel against b), sums of 10^4 terms ~1e-6 relative, rsqrt.approx.
-        tolerance: Tolerance::for_dtype(dtype, Tolerance { rel: 1e-5, abs: 1e-5 }),
+        tolerance: Tolerance::for_dtype(
+            dtype,
+            Tolerance {
+                rel: 1e-5,
+                abs: 1e-5,
+            },
+        ),
     }
 }
 

@@ -25,7 +25,9 @@ pub mod sources;
 pub mod sumsq;
 pub mod vec_add;
 
-pub use compare::{compare, compare_against, output_values, CompareResult, Mismatch, OutputCompare};
+pub use compare::{
+    compare, compare_against, output_values, CompareResult, Mismatch, OutputCompare,
+};
 pub use rng::Rng;
 pub use sources::{kernel_source, BUNDLED_KERNELS};
 
@@ -54,8 +56,16 @@ impl Tolerance {
     /// subnormal spacing (6e-8).
     pub fn for_dtype(dtype: DType, f32: Tolerance) -> Tolerance {
         match dtype {
-            DType::BF16 => Tolerance { rel: 8e-3, abs: f32.abs }.max(f32),
-            DType::F16 => Tolerance { rel: 1e-3, abs: 6e-8 }.max(f32),
+            DType::BF16 => Tolerance {
+                rel: 8e-3,
+                abs: f32.abs,
+            }
+            .max(f32),
+            DType::F16 => Tolerance {
+                rel: 1e-3,
+                abs: 6e-8,
+            }
+            .max(f32),
             _ => f32,
         }
     }
@@ -244,11 +254,23 @@ mod tests {
 
     #[test]
     fn alignment_of_awkward_shapes() {
-        assert_eq!(contiguous_align(&HostTensor::zeros(DType::F32, &[1000])), 16);
+        assert_eq!(
+            contiguous_align(&HostTensor::zeros(DType::F32, &[1000])),
+            16
+        );
         assert_eq!(contiguous_align(&HostTensor::zeros(DType::F32, &[7])), 4);
-        assert_eq!(contiguous_align(&HostTensor::zeros(DType::BF16, &[5, 4097])), 2);
-        assert_eq!(contiguous_align(&HostTensor::zeros(DType::BF16, &[3, 1000])), 16);
-        assert_eq!(contiguous_align(&HostTensor::zeros(DType::F16, &[3, 1004])), 8);
+        assert_eq!(
+            contiguous_align(&HostTensor::zeros(DType::BF16, &[5, 4097])),
+            2
+        );
+        assert_eq!(
+            contiguous_align(&HostTensor::zeros(DType::BF16, &[3, 1000])),
+            16
+        );
+        assert_eq!(
+            contiguous_align(&HostTensor::zeros(DType::F16, &[3, 1004])),
+            8
+        );
     }
 
     #[test]
@@ -273,7 +295,11 @@ mod tests {
                         if c.outputs.contains(&i) && vals.iter().any(|v| v.is_nan()) {
                             assert!(vals.iter().all(|v| v.is_nan()), "{}", c.label);
                         } else {
-                            assert!(vals.iter().all(|v| v.is_finite() && *v != 0.0), "{} arg{i}", c.label);
+                            assert!(
+                                vals.iter().all(|v| v.is_finite() && *v != 0.0),
+                                "{} arg{i}",
+                                c.label
+                            );
                         }
                     }
                 }

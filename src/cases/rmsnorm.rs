@@ -69,7 +69,13 @@ pub fn case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize, eps
             vec![y, r]
         }),
         // f32: an f32 sum of squares (~1e-6 relative for 10^4 terms) and rsqrt.approx.
-        tolerance: Tolerance::for_dtype(dtype, Tolerance { rel: 1e-5, abs: 1e-6 }),
+        tolerance: Tolerance::for_dtype(
+            dtype,
+            Tolerance {
+                rel: 1e-5,
+                abs: 1e-6,
+            },
+        ),
     }
 }
 

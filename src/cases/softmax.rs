@@ -61,7 +61,13 @@ pub fn case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize) -> 
         // f32: ex2.approx (~2 ulp) of an argument carrying |x - max| * 2^-24 error, and an
         // f32 sum: a few 1e-6 relative at most. Outputs are small (1/cols) but never
         // cancel, so the tolerance is relative; f16's floor covers its subnormals.
-        tolerance: Tolerance::for_dtype(dtype, Tolerance { rel: 1e-5, abs: 1e-12 }),
+        tolerance: Tolerance::for_dtype(
+            dtype,
+            Tolerance {
+                rel: 1e-5,
+                abs: 1e-12,
+            },
+        ),
     }
 }
 

@@ -20,7 +20,13 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     for &(dt, n, b, g) in quick {
         v.push(partials_case(seed, dt, n, b, g));
     }
-    for (n, out_len, b) in [(1usize, 1usize, 1024usize), (7, 2, 1024), (1000, 2, 1024), (4097, 2, 1024), (4097, 1, 1000)] {
+    for (n, out_len, b) in [
+        (1usize, 1usize, 1024usize),
+        (7, 2, 1024),
+        (1000, 2, 1024),
+        (4097, 2, 1024),
+        (4097, 1, 1000),
+    ] {
         v.push(finalize_case(seed, n, out_len, b));
     }
     if sizes == SizeSet::Full {
@@ -39,7 +45,10 @@ pub fn partials_case(seed: u64, dtype: DType, n: usize, block: usize, grid: Opti
     let label = format!("sumsq T={dtype} BLOCK={block} n={n} grid={g}");
     let mut rng = Rng::for_case(seed, &label);
     let x = random_tensor(&mut rng, dtype, &[n], |r| r.normalish());
-    let args = vec![ArgValue::Tensor(x), ArgValue::Tensor(poisoned(DType::F32, &[g]))];
+    let args = vec![
+        ArgValue::Tensor(x),
+        ArgValue::Tensor(poisoned(DType::F32, &[g])),
+    ];
     Case {
         kernel: "sumsq",
         kernel_name: Some("sumsq"),
@@ -58,7 +67,10 @@ pub fn partials_case(seed: u64, dtype: DType, n: usize, block: usize, grid: Opti
             vec![parts]
         }),
         // Sums of positive terms in f32: relative error ~ (log2(BLOCK) + chunks) * 6e-8.
-        tolerance: Tolerance { rel: 1e-5, abs: 1e-30 },
+        tolerance: Tolerance {
+            rel: 1e-5,
+            abs: 1e-30,
+        },
     }
 }
 
@@ -85,6 +97,9 @@ pub fn finalize_case(seed: u64, n: usize, out_len: usize, block: usize) -> Case 
             let total: f64 = tensor_at(args, 0).to_f64_vec().iter().sum();
             vec![[total, total.sqrt()][..out_len].to_vec()]
         }),
-        tolerance: Tolerance { rel: 1e-5, abs: 1e-30 },
+        tolerance: Tolerance {
+            rel: 1e-5,
+            abs: 1e-30,
+        },
     }
 }

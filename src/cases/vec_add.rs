@@ -30,7 +30,11 @@ pub fn case(seed: u64, dtype: DType, n: usize, block: usize) -> Case {
     let x = random_tensor(&mut rng, dtype, &[n], |r| r.normalish());
     let y = random_tensor(&mut rng, dtype, &[n], |r| r.normalish());
     let out = poisoned(dtype, &[n]);
-    let args = vec![ArgValue::Tensor(x), ArgValue::Tensor(y), ArgValue::Tensor(out)];
+    let args = vec![
+        ArgValue::Tensor(x),
+        ArgValue::Tensor(y),
+        ArgValue::Tensor(out),
+    ];
     Case {
         kernel: "vec_add",
         kernel_name: None,
@@ -46,6 +50,12 @@ pub fn case(seed: u64, dtype: DType, n: usize, block: usize) -> Case {
             vec![x.iter().zip(&y).map(|(a, b)| a + b).collect()]
         }),
         // One rounding of an exact sum.
-        tolerance: Tolerance::for_dtype(dtype, Tolerance { rel: 2e-7, abs: 1e-30 }),
+        tolerance: Tolerance::for_dtype(
+            dtype,
+            Tolerance {
+                rel: 2e-7,
+                abs: 1e-30,
+            },
+        ),
     }
 }

@@ -21,7 +21,9 @@ impl Checker<'_> {
             ExprKind::Float(f) => Ev::Float(*f),
             ExprKind::Bool(b) => Ev::Bool(*b),
             ExprKind::Name(id) => self.name(id),
-            ExprKind::List(items) => Ev::List(items.iter().map(|x| (self.expr(x), x.span)).collect()),
+            ExprKind::List(items) => {
+                Ev::List(items.iter().map(|x| (self.expr(x), x.span)).collect())
+            }
             ExprKind::Unary { op, operand } => {
                 let v = self.expr(operand);
                 self.unary(*op, v, operand.span, e.span)
@@ -65,8 +67,12 @@ impl Checker<'_> {
         if let Some(d) = DType::from_name(&id.name) {
             return Ev::DType(d);
         }
-        let mut d = Diagnostic::error(ErrorCode::UndefinedName, id.span, format!("cannot find `{}` in this scope", id.name))
-            .with_label_message("not found");
+        let mut d = Diagnostic::error(
+            ErrorCode::UndefinedName,
+            id.span,
+            format!("cannot find `{}` in this scope", id.name),
+        )
+        .with_label_message("not found");
         if let Some(s) = closest(&id.name, &self.visible_names()) {
             d = d.with_note(format!("help: a binding with a similar name exists: `{s}`"));
         }
@@ -88,7 +94,13 @@ impl Checker<'_> {
             Ev::Float(_) => "a float constant".into(),
             Ev::Bool(_) => "a bool constant".into(),
             Ev::DType(d) => format!("the dtype `{d}`"),
-            Ev::Tensor(i) => format!("the tensor `{}`", self.func.params.get(*i as usize).map_or("?", |p| p.name.as_str())),
+            Ev::Tensor(i) => format!(
+                "the tensor `{}`",
+                self.func
+                    .params
+                    .get(*i as usize)
+                    .map_or("?", |p| p.name.as_str())
+            ),
             Ev::List(_) => "a list".into(),
             Ev::Poison => "an invalid value".into(),
         }
@@ -100,7 +112,11 @@ impl Checker<'_> {
             Ev::Value(_) | Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) | Ev::Poison => ev,
             other => {
                 let what = self.describe(&other);
-                let mut d = Diagnostic::error(ErrorCode::WrongKind, span, format!("expected a value, found {what}"));
+                let mut d = Diagnostic::error(
+                    ErrorCode::WrongKind,
+                    span,
+                    format!("expected a value, found {what}"),
+                );
                 if let Ev::Tensor(_) = other {
                     d = d.with_note("help: read a tensor's elements with `load(t, [index...], [shape...])` or `gather`");
                 }
@@ -111,7 +127,12 @@ impl Checker<'_> {
 
     /// Materializes a value or constant as an IR value of `dtype` (constants only;
     /// values must already have it).
-    pub(crate) fn materialize(&mut self, ev: &Ev, dtype: DType, span: Span) -> Option<crate::ir::ValueId> {
+    pub(crate) fn materialize(
+        &mut self,
+        ev: &Ev,
+        dtype: DType,
+        span: Span,
+    ) -> Option<crate::ir::ValueId> {
         match ev {
             Ev::Value(v) => Some(*v),
             Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) => {
@@ -137,13 +158,23 @@ impl Checker<'_> {
 
     /// Makes a value of exactly `want` from `ev` (a value of `want`'s dtype with a
     /// broadcastable shape, or a constant).
-    pub(crate) fn coerce_to(&mut self, ev: &Ev, want: &ValueType, span: Span) -> Option<crate::ir::ValueId> {
+    pub(crate) fn coerce_to(
+        &mut self,
+        ev: &Ev,
+        want: &ValueType,
+        span: Span,
+    ) -> Option<crate::ir::ValueId> {
         let v = self.materialize(ev, want.dtype(), span)?;
         self.broadcast_to(v, want.shape(), span)
     }
 
     /// Broadcasts a value to a tile shape (or leaves a scalar when `shape` is None).
-    pub(crate) fn broadcast_to(&mut self, v: crate::ir::ValueId, shape: Option<&Shape>, span: Span) -> Option<crate::ir::ValueId> {
+    pub(crate) fn broadcast_to(
+        &mut self,
+        v: crate::ir::ValueId,
+        shape: Option<&Shape>,
+        span: Span,
+    ) -> Option<crate::ir::ValueId> {
         let ty = self.ty(v);
         let Some(target) = shape else {
             return if ty.shape().is_none() { Some(v) } else { None };
@@ -163,7 +194,11 @@ impl Checker<'_> {
                 if s.rank() < target.rank() {
                     let mut dims = vec![1u32; target.rank() - s.rank()];
                     dims.extend_from_slice(s.dims());
-                    cur = match self.emit1(Op::Reshape(cur), ValueType::Tile(d, Shape(dims.clone())), span) {
+                    cur = match self.emit1(
+                        Op::Reshape(cur),
+                        ValueType::Tile(d, Shape(dims.clone())),
+                        span,
+                    ) {
                         Ev::Value(x) => x,
                         _ => return None,
                     };
@@ -180,17 +215,28 @@ impl Checker<'_> {
     }
 
     /// numpy broadcasting of two shapes (None = scalar).
-    pub(crate) fn broadcast_shapes(a: Option<&Shape>, b: Option<&Shape>) -> Result<Option<Shape>, ()> {
+    pub(crate) fn broadcast_shapes(
+        a: Option<&Shape>,
+        b: Option<&Shape>,
+    ) -> Result<Option<Shape>, ()> {
         match (a, b) {
             (None, None) => Ok(None),
             (Some(s), None) | (None, Some(s)) => Ok(Some(s.clone())),
             (Some(x), Some(y)) => {
                 let r = x.rank().max(y.rank());
                 let mut out = vec![0u32; r];
-                for i in 0..r {
-                    let dx = if i < r - x.rank() { 1 } else { x.dims()[i - (r - x.rank())] };
-                    let dy = if i < r - y.rank() { 1 } else { y.dims()[i - (r - y.rank())] };
-                    out[i] = match (dx, dy) {
+                for (i, slot) in out.iter_mut().enumerate() {
+                    let dx = if i < r - x.rank() {
+                        1
+                    } else {
+                        x.dims()[i - (r - x.rank())]
+                    };
+                    let dy = if i < r - y.rank() {
+                        1
+                    } else {
+                        y.dims()[i - (r - y.rank())]
+                    };
+                    *slot = match (dx, dy) {
                         (p, q) if p == q => p,
                         (1, q) => q,
                         (p, 1) => p,
@@ -204,7 +250,12 @@ impl Checker<'_> {
 
     /// Unifies several operands to one dtype and one broadcast shape. Constants adapt to
     /// the values' dtype. Returns the materialized values and their common type.
-    pub(crate) fn unify(&mut self, items: &[(Ev, Span)], at: Span, what: &str) -> Option<(Vec<crate::ir::ValueId>, ValueType)> {
+    pub(crate) fn unify(
+        &mut self,
+        items: &[(Ev, Span)],
+        at: Span,
+        what: &str,
+    ) -> Option<(Vec<crate::ir::ValueId>, ValueType)> {
         if items.iter().any(|(e, _)| matches!(e, Ev::Poison)) {
             return None;
         }
@@ -219,7 +270,9 @@ impl Checker<'_> {
                             Diagnostic::error(ErrorCode::TypeMismatch, at, msg)
                                 .with_secondary(dsp, format!("this is `{d}`"))
                                 .with_secondary(*sp, format!("this is `{}`", t.dtype()))
-                                .with_note(format!("help: convert one side explicitly, e.g. `(...) as {d}`")),
+                                .with_note(format!(
+                                    "help: convert one side explicitly, e.g. `(...) as {d}`"
+                                )),
                         );
                         return None;
                     }
@@ -249,8 +302,12 @@ impl Checker<'_> {
             if !ok {
                 let desc = self.describe(e);
                 self.push(
-                    Diagnostic::error(ErrorCode::TypeMismatch, *sp, format!("{desc} cannot be used as `{dtype}` in {what}"))
-                        .with_label_message(format!("expected `{dtype}`")),
+                    Diagnostic::error(
+                        ErrorCode::TypeMismatch,
+                        *sp,
+                        format!("{desc} cannot be used as `{dtype}` in {what}"),
+                    )
+                    .with_label_message(format!("expected `{dtype}`")),
                 );
                 return None;
             }
@@ -264,9 +321,15 @@ impl Checker<'_> {
                         let a = shape.map_or("scalar".into(), |s| s.to_string());
                         let b = t.shape().map_or("scalar".into(), |s| s.to_string());
                         self.push(
-                            Diagnostic::error(ErrorCode::ShapeMismatch, at, format!("shapes {a} and {b} cannot be broadcast together in {what}"))
-                                .with_secondary(*sp, format!("this has shape {b}"))
-                                .with_note("extents must be equal or 1, aligned from the right"),
+                            Diagnostic::error(
+                                ErrorCode::ShapeMismatch,
+                                at,
+                                format!(
+                                    "shapes {a} and {b} cannot be broadcast together in {what}"
+                                ),
+                            )
+                            .with_secondary(*sp, format!("this has shape {b}"))
+                            .with_note("extents must be equal or 1, aligned from the right"),
                         );
                         return None;
                     }
@@ -301,19 +364,39 @@ impl Checker<'_> {
                 };
                 if !ok {
                     let sym = if op == UnOp::Neg { "-" } else { "!" };
-                    return self.error(ErrorCode::TypeMismatch, span, format!("cannot apply unary `{sym}` to `{t}`"));
+                    return self.error(
+                        ErrorCode::TypeMismatch,
+                        span,
+                        format!("cannot apply unary `{sym}` to `{t}`"),
+                    );
                 }
-                let uop = if op == UnOp::Neg { UnaryOp::Neg } else { UnaryOp::Not };
+                let uop = if op == UnOp::Neg {
+                    UnaryOp::Neg
+                } else {
+                    UnaryOp::Not
+                };
                 self.emit1(Op::Unary(uop, *x), t, span)
             }
             _ => {
                 let desc = self.describe(&v);
-                self.error(ErrorCode::TypeMismatch, span, format!("cannot apply this operator to {desc}"))
+                self.error(
+                    ErrorCode::TypeMismatch,
+                    span,
+                    format!("cannot apply this operator to {desc}"),
+                )
             }
         }
     }
 
-    pub(crate) fn binary(&mut self, op: BinOp, a: Ev, aspan: Span, b: Ev, bspan: Span, span: Span) -> Ev {
+    pub(crate) fn binary(
+        &mut self,
+        op: BinOp,
+        a: Ev,
+        aspan: Span,
+        b: Ev,
+        bspan: Span,
+        span: Span,
+    ) -> Ev {
         let a = self.expect_value(a, aspan);
         let b = self.expect_value(b, bspan);
         if let Some(folded) = self.fold(op, &a, &b, span) {
@@ -326,12 +409,20 @@ impl Checker<'_> {
         let d = ty.dtype();
         let (x, y) = (vals[0], vals[1]);
         let bad = |c: &mut Self, need: &str| {
-            c.error(ErrorCode::TypeMismatch, span, format!("`{}` needs {need} operands, found `{d}`", op.symbol()))
+            c.error(
+                ErrorCode::TypeMismatch,
+                span,
+                format!("`{}` needs {need} operands, found `{d}`", op.symbol()),
+            )
         };
         let bin = |c: &mut Self, bo: BinaryOp| c.emit1(Op::Binary(bo, x, y), ty.clone(), span);
-        let cmp = |c: &mut Self, co: CmpOp| c.emit1(Op::Compare(co, x, y), ty.with_dtype(DType::Bool), span);
+        let cmp = |c: &mut Self, co: CmpOp| {
+            c.emit1(Op::Compare(co, x, y), ty.with_dtype(DType::Bool), span)
+        };
         match op {
-            BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem if d == DType::Bool => bad(self, "numeric"),
+            BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem if d == DType::Bool => {
+                bad(self, "numeric")
+            }
             BinOp::Add => bin(self, BinaryOp::Add),
             BinOp::Sub => bin(self, BinaryOp::Sub),
             BinOp::Mul => bin(self, BinaryOp::Mul),
@@ -339,7 +430,9 @@ impl Checker<'_> {
             BinOp::Rem => bin(self, BinaryOp::Rem),
             BinOp::Eq => cmp(self, CmpOp::Eq),
             BinOp::Ne => cmp(self, CmpOp::Ne),
-            BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge if d == DType::Bool => bad(self, "numeric"),
+            BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge if d == DType::Bool => {
+                bad(self, "numeric")
+            }
             BinOp::Lt => cmp(self, CmpOp::Lt),
             BinOp::Le => cmp(self, CmpOp::Le),
             BinOp::Gt => cmp(self, CmpOp::Gt),
@@ -347,7 +440,11 @@ impl Checker<'_> {
             BinOp::And | BinOp::Or if d != DType::Bool => bad(self, "`bool`"),
             BinOp::And => bin(self, BinaryOp::And),
             BinOp::Or => bin(self, BinaryOp::Or),
-            BinOp::BitAnd | BinOp::BitOr | BinOp::BitXor | BinOp::Shl | BinOp::Shr if !d.is_int() => bad(self, "integer"),
+            BinOp::BitAnd | BinOp::BitOr | BinOp::BitXor | BinOp::Shl | BinOp::Shr
+                if !d.is_int() =>
+            {
+                bad(self, "integer")
+            }
             BinOp::BitAnd => bin(self, BinaryOp::And),
             BinOp::BitOr => bin(self, BinaryOp::Or),
             BinOp::BitXor => bin(self, BinaryOp::Xor),
@@ -363,8 +460,20 @@ impl Checker<'_> {
             (Ev::Poison, _) | (_, Ev::Poison) => Ev::Poison,
             (Ev::Int(x), Ev::Int(y)) => {
                 let (x, y) = (*x, *y);
-                let overflow = |c: &mut Self| c.error(ErrorCode::ConstEval, span, format!("overflow in constant `{x} {} {y}`", op.symbol()));
-                let div0 = |c: &mut Self| c.error(ErrorCode::ConstEval, span, format!("division by zero in constant `{x} {} {y}`", op.symbol()));
+                let overflow = |c: &mut Self| {
+                    c.error(
+                        ErrorCode::ConstEval,
+                        span,
+                        format!("overflow in constant `{x} {} {y}`", op.symbol()),
+                    )
+                };
+                let div0 = |c: &mut Self| {
+                    c.error(
+                        ErrorCode::ConstEval,
+                        span,
+                        format!("division by zero in constant `{x} {} {y}`", op.symbol()),
+                    )
+                };
                 match op {
                     Add => x.checked_add(y).map_or_else(|| overflow(self), Ev::Int),
                     Sub => x.checked_sub(y).map_or_else(|| overflow(self), Ev::Int),
@@ -382,7 +491,9 @@ impl Checker<'_> {
                     BitAnd => Ev::Int(x & y),
                     BitOr => Ev::Int(x | y),
                     BitXor => Ev::Int(x ^ y),
-                    Shl if (0..64).contains(&y) => x.checked_shl(y as u32).map_or_else(|| overflow(self), Ev::Int),
+                    Shl if (0..64).contains(&y) => x
+                        .checked_shl(y as u32)
+                        .map_or_else(|| overflow(self), Ev::Int),
                     Shr if (0..64).contains(&y) => Ev::Int(x >> y),
                     Shl | Shr => overflow(self),
                     And | Or => return None,

@@ -50,9 +50,19 @@ pub(crate) enum Ev {
 /// A name in scope.
 #[derive(Clone, Debug)]
 pub(crate) enum Binding {
-    Var { value: Ev, mutable: bool, span: Span },
-    Tensor { index: u32, span: Span },
-    Generic { value: ConstArg, span: Span },
+    Var {
+        value: Ev,
+        mutable: bool,
+        span: Span,
+    },
+    Tensor {
+        index: u32,
+        span: Span,
+    },
+    Generic {
+        value: ConstArg,
+        span: Span,
+    },
 }
 
 pub(crate) struct Checker<'a> {
@@ -79,7 +89,11 @@ pub fn lower_kernel(
         None => module.kernels.first(),
     };
     let Some(kernel) = kernel else {
-        let names: Vec<&str> = module.kernels.iter().map(|k| k.name.name.as_str()).collect();
+        let names: Vec<&str> = module
+            .kernels
+            .iter()
+            .map(|k| k.name.name.as_str())
+            .collect();
         let msg = match &opts.kernel {
             Some(n) => format!("no kernel named `{n}` in this file"),
             None => "this file defines no kernel".to_string(),
@@ -160,7 +174,11 @@ impl Checker<'_> {
             .into_iter()
             .map(|ty| self.func.values.append(ir::Value { ty, name: None }))
             .collect();
-        let id: InstId = self.func.insts.append(ir::Inst { op, results: results.clone(), span });
+        let id: InstId = self.func.insts.append(ir::Inst {
+            op,
+            results: results.clone(),
+            span,
+        });
         if let Some(b) = self.blocks.last_mut() {
             b.insts.push(id);
         }
@@ -203,10 +221,17 @@ impl Checker<'_> {
         let mut out = Vec::new();
         for (name, _) in &self.opts.defines {
             if !kernel.generics.iter().any(|g| &g.name.name == name) {
-                let list: Vec<&str> = kernel.generics.iter().map(|g| g.name.name.as_str()).collect();
+                let list: Vec<&str> = kernel
+                    .generics
+                    .iter()
+                    .map(|g| g.name.name.as_str())
+                    .collect();
                 let d = Diagnostic::unlocated(
                     ErrorCode::BadSpecialization,
-                    format!("`-D {name}`: kernel `{}` has no compile-time parameter `{name}`", kernel.name.name),
+                    format!(
+                        "`-D {name}`: kernel `{}` has no compile-time parameter `{name}`",
+                        kernel.name.name
+                    ),
                 )
                 .with_note(if list.is_empty() {
                     "it takes no compile-time parameters".to_string()
@@ -220,13 +245,23 @@ impl Checker<'_> {
             if let Some(prev) = self.scopes[0].get(&g.name.name) {
                 let prev_span = binding_span(prev);
                 self.push(
-                    Diagnostic::error(ErrorCode::Redefinition, g.name.span, format!("`{}` is defined twice", g.name.name))
-                        .with_label_message("redefined here")
-                        .with_secondary(prev_span, "previous definition here"),
+                    Diagnostic::error(
+                        ErrorCode::Redefinition,
+                        g.name.span,
+                        format!("`{}` is defined twice", g.name.name),
+                    )
+                    .with_label_message("redefined here")
+                    .with_secondary(prev_span, "previous definition here"),
                 );
                 continue;
             }
-            let value = match self.opts.defines.iter().rev().find(|(n, _)| n == &g.name.name) {
+            let value = match self
+                .opts
+                .defines
+                .iter()
+                .rev()
+                .find(|(n, _)| n == &g.name.name)
+            {
                 Some((_, text)) => parse_define(text),
                 None => match &g.default {
                     Some(e) => match self.const_eval(e) {
@@ -244,7 +279,10 @@ impl Checker<'_> {
                                 format!("compile-time parameter `{}` has no value", g.name.name),
                             )
                             .with_label_message("no default here")
-                            .with_note(format!("give it a default, or pass `-D {}=...`", g.name.name)),
+                            .with_note(format!(
+                                "give it a default, or pass `-D {}=...`",
+                                g.name.name
+                            )),
                         );
                         self.poisoned.insert(g.name.name.clone());
                         continue;
@@ -255,7 +293,9 @@ impl Checker<'_> {
                 (ast::GenericKind::Int, Some(ConstArg::Int(i))) => ConstArg::Int(i),
                 (ast::GenericKind::Bool, Some(ConstArg::Bool(b))) => ConstArg::Bool(b),
                 (ast::GenericKind::DType, Some(ConstArg::DType(d))) => ConstArg::DType(d),
-                (ast::GenericKind::Float, Some(ConstArg::DType(d))) if d.is_float() => ConstArg::DType(d),
+                (ast::GenericKind::Float, Some(ConstArg::DType(d))) if d.is_float() => {
+                    ConstArg::DType(d)
+                }
                 (kind, v) => {
                     let got = v.map_or("an unreadable value".to_string(), |v| format!("`{v}`"));
                     let want = match kind {
@@ -269,7 +309,10 @@ impl Checker<'_> {
                         Diagnostic::error(
                             ErrorCode::BadSpecialization,
                             at,
-                            format!("compile-time parameter `{}` needs {want}, got {got}", g.name.name),
+                            format!(
+                                "compile-time parameter `{}` needs {want}, got {got}",
+                                g.name.name
+                            ),
                         )
                         .with_secondary(g.kind_span, "kind declared here"),
                     );
@@ -277,7 +320,13 @@ impl Checker<'_> {
                     continue;
                 }
             };
-            self.scopes[0].insert(g.name.name.clone(), Binding::Generic { value: value.clone(), span: g.name.span });
+            self.scopes[0].insert(
+                g.name.name.clone(),
+                Binding::Generic {
+                    value: value.clone(),
+                    span: g.name.span,
+                },
+            );
             out.push((g.name.name.clone(), value));
         }
         out
@@ -289,13 +338,22 @@ impl Checker<'_> {
             return Some(d);
         }
         match self.lookup(&id.name) {
-            Some(Binding::Generic { value: ConstArg::DType(d), .. }) => Some(*d),
+            Some(Binding::Generic {
+                value: ConstArg::DType(d),
+                ..
+            }) => Some(*d),
             _ if self.poisoned.contains(&id.name) => None,
             _ => {
                 let known = "bool, i32, u32, i64, f16, bf16, f32";
                 self.push(
-                    Diagnostic::error(ErrorCode::UndefinedName, id.span, format!("unknown dtype `{}`", id.name))
-                        .with_note(format!("dtypes are {known}, or a `dtype`/`float` compile-time parameter")),
+                    Diagnostic::error(
+                        ErrorCode::UndefinedName,
+                        id.span,
+                        format!("unknown dtype `{}`", id.name),
+                    )
+                    .with_note(format!(
+                        "dtypes are {known}, or a `dtype`/`float` compile-time parameter"
+                    )),
                 );
                 None
             }
@@ -310,32 +368,54 @@ impl Checker<'_> {
             if let Some(prev) = self.lookup(&p.name.name) {
                 let prev_span = binding_span(prev);
                 self.push(
-                    Diagnostic::error(ErrorCode::Redefinition, p.name.span, format!("`{}` is defined twice", p.name.name))
-                        .with_label_message("redefined here")
-                        .with_secondary(prev_span, "previous definition here"),
+                    Diagnostic::error(
+                        ErrorCode::Redefinition,
+                        p.name.span,
+                        format!("`{}` is defined twice", p.name.name),
+                    )
+                    .with_label_message("redefined here")
+                    .with_secondary(prev_span, "previous definition here"),
                 );
                 continue;
             }
             let index = self.func.params.len() as u32;
             match &p.ty {
                 ast::ParamType::Scalar(d) => {
-                    let Some(dtype) = self.dtype_of(d) else { continue };
-                    self.func.params.push(ir::Param { name: p.name.name.clone(), kind: ParamKind::Scalar(dtype) });
+                    let Some(dtype) = self.dtype_of(d) else {
+                        continue;
+                    };
+                    self.func.params.push(ir::Param {
+                        name: p.name.name.clone(),
+                        kind: ParamKind::Scalar(dtype),
+                    });
                     scalar_params.push((p.name.name.clone(), index, dtype, p.name.span));
                 }
                 ast::ParamType::Tensor(t) => {
-                    let Some(dtype) = self.dtype_of(&t.elem) else { continue };
+                    let Some(dtype) = self.dtype_of(&t.elem) else {
+                        continue;
+                    };
                     let dims = match &t.dims {
                         ast::TensorDims::Rank(r, sp) => {
                             if *r == 0 || *r as usize > MAX_TENSOR_RANK {
-                                self.error(ErrorCode::BadTileShape, *sp, format!("tensor rank {r} is outside 1..={MAX_TENSOR_RANK}"));
+                                self.error(
+                                    ErrorCode::BadTileShape,
+                                    *sp,
+                                    format!("tensor rank {r} is outside 1..={MAX_TENSOR_RANK}"),
+                                );
                                 continue;
                             }
                             vec![None; *r as usize]
                         }
                         ast::TensorDims::List(list) => {
                             if list.is_empty() || list.len() > MAX_TENSOR_RANK {
-                                self.error(ErrorCode::BadTileShape, t.span, format!("tensor rank {} is outside 1..={MAX_TENSOR_RANK}", list.len()));
+                                self.error(
+                                    ErrorCode::BadTileShape,
+                                    t.span,
+                                    format!(
+                                        "tensor rank {} is outside 1..={MAX_TENSOR_RANK}",
+                                        list.len()
+                                    ),
+                                );
                                 continue;
                             }
                             let mut dims = Vec::new();
@@ -343,7 +423,11 @@ impl Checker<'_> {
                                 match d {
                                     ast::DimSpec::Dynamic(_) => dims.push(None),
                                     ast::DimSpec::Const(e) => match self.const_eval(e) {
-                                        Some(ConstArg::Int(n)) if (1..=i32::MAX as i64).contains(&n) => dims.push(Some(n as u32)),
+                                        Some(ConstArg::Int(n))
+                                            if (1..=i32::MAX as i64).contains(&n) =>
+                                        {
+                                            dims.push(Some(n as u32))
+                                        }
                                         Some(other) => {
                                             self.error(ErrorCode::BadTileShape, e.span, format!("a constant tensor extent must be a positive integer, got `{other}`"));
                                             dims.push(None);
@@ -363,22 +447,43 @@ impl Checker<'_> {
                         .find(|(n, _)| n == &p.name.name)
                         .map_or(16, |(_, a)| *a);
                     let align = if t.contiguous {
-                        requested.clamp(dtype.size_bytes(), 16).next_power_of_two().min(16)
+                        requested
+                            .clamp(dtype.size_bytes(), 16)
+                            .next_power_of_two()
+                            .min(16)
                     } else {
                         dtype.size_bytes()
                     };
                     aligns.push((p.name.name.clone(), align));
                     self.func.params.push(ir::Param {
                         name: p.name.name.clone(),
-                        kind: ParamKind::Tensor(TensorParam { dtype, dims, contiguous: t.contiguous, align_bytes: align }),
+                        kind: ParamKind::Tensor(TensorParam {
+                            dtype,
+                            dims,
+                            contiguous: t.contiguous,
+                            align_bytes: align,
+                        }),
                     });
-                    self.bind(&p.name.name, Binding::Tensor { index, span: p.name.span });
+                    self.bind(
+                        &p.name.name,
+                        Binding::Tensor {
+                            index,
+                            span: p.name.span,
+                        },
+                    );
                 }
             }
         }
         for (name, index, dtype, span) in scalar_params {
             let v = self.emit1(Op::ScalarParam(index), ValueType::Scalar(dtype), span);
-            self.bind(&name, Binding::Var { value: v, mutable: false, span });
+            self.bind(
+                &name,
+                Binding::Var {
+                    value: v,
+                    mutable: false,
+                    span,
+                },
+            );
         }
         aligns
     }
@@ -392,7 +497,11 @@ impl Checker<'_> {
             Ev::Int(i) => match i64::try_from(i) {
                 Ok(v) => Some(ConstArg::Int(v)),
                 Err(_) => {
-                    self.error(ErrorCode::ConstEval, e.span, "constant does not fit in 64 bits");
+                    self.error(
+                        ErrorCode::ConstEval,
+                        e.span,
+                        "constant does not fit in 64 bits",
+                    );
                     None
                 }
             },
@@ -401,7 +510,11 @@ impl Checker<'_> {
             Ev::Poison => None,
             _ => {
                 let _ = emitted;
-                self.error(ErrorCode::NotConstant, e.span, "this must be a compile-time constant");
+                self.error(
+                    ErrorCode::NotConstant,
+                    e.span,
+                    "this must be a compile-time constant",
+                );
                 None
             }
         }
@@ -410,7 +523,9 @@ impl Checker<'_> {
 
 pub(crate) fn binding_span(b: &Binding) -> Span {
     match b {
-        Binding::Var { span, .. } | Binding::Tensor { span, .. } | Binding::Generic { span, .. } => *span,
+        Binding::Var { span, .. }
+        | Binding::Tensor { span, .. }
+        | Binding::Generic { span, .. } => *span,
     }
 }
 

@@ -23,7 +23,13 @@ impl Checker<'_> {
 
     fn stmt(&mut self, s: &Stmt) {
         match s {
-            Stmt::Let { name, mutable, ty, value, span } => {
+            Stmt::Let {
+                name,
+                mutable,
+                ty,
+                value,
+                span,
+            } => {
                 let v = self.expr(value);
                 let v = match ty {
                     Some(d) => match self.dtype_of(d) {
@@ -37,7 +43,8 @@ impl Checker<'_> {
                     match &v {
                         Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) => {
                             let d = Self::default_dtype(&v).unwrap_or(DType::I32);
-                            self.materialize(&v, d, value.span).map_or(Ev::Poison, Ev::Value)
+                            self.materialize(&v, d, value.span)
+                                .map_or(Ev::Poison, Ev::Value)
                         }
                         Ev::Value(_) | Ev::Poison => v,
                         other => {
@@ -49,28 +56,76 @@ impl Checker<'_> {
                     v
                 };
                 let _ = span;
-                self.bind(&name.name, Binding::Var { value: v, mutable: *mutable, span: name.span });
+                self.bind(
+                    &name.name,
+                    Binding::Var {
+                        value: v,
+                        mutable: *mutable,
+                        span: name.span,
+                    },
+                );
             }
-            Stmt::Assign { target, op, value, span } => self.assign(target, *op, value, *span),
+            Stmt::Assign {
+                target,
+                op,
+                value,
+                span,
+            } => self.assign(target, *op, value, *span),
             Stmt::Expr(e) => {
                 let _ = self.expr(e);
             }
-            Stmt::For { var, start, end, step, body, span } => self.for_loop(var, start, end, step.as_ref(), body, *span),
-            Stmt::If { cond, then_block, else_block, span } => self.if_stmt(cond, then_block, else_block.as_ref(), *span),
-            Stmt::StaticAssert { cond, message, span } => {
+            Stmt::For {
+                var,
+                start,
+                end,
+                step,
+                body,
+                span,
+            } => self.for_loop(var, start, end, step.as_ref(), body, *span),
+            Stmt::If {
+                cond,
+                then_block,
+                else_block,
+                span,
+            } => self.if_stmt(cond, then_block, else_block.as_ref(), *span),
+            Stmt::StaticAssert {
+                cond,
+                message,
+                span,
+            } => {
                 let v = self.expr(cond);
                 match v {
                     Ev::Bool(true) | Ev::Poison => {}
                     Ev::Bool(false) => {
-                        let msg = message.clone().unwrap_or_else(|| "static assertion failed".to_string());
-                        self.push(Diagnostic::error(ErrorCode::StaticAssert, cond.span, format!("static_assert failed: {msg}")).with_label_message("this is false"));
+                        let msg = message
+                            .clone()
+                            .unwrap_or_else(|| "static assertion failed".to_string());
+                        self.push(
+                            Diagnostic::error(
+                                ErrorCode::StaticAssert,
+                                cond.span,
+                                format!("static_assert failed: {msg}"),
+                            )
+                            .with_label_message("this is false"),
+                        );
                     }
                     Ev::Value(_) => {
-                        self.push(Diagnostic::error(ErrorCode::NotConstant, cond.span, "`static_assert` needs a compile-time condition").with_label_message("this depends on runtime values"));
+                        self.push(
+                            Diagnostic::error(
+                                ErrorCode::NotConstant,
+                                cond.span,
+                                "`static_assert` needs a compile-time condition",
+                            )
+                            .with_label_message("this depends on runtime values"),
+                        );
                     }
                     other => {
                         let desc = self.describe(&other);
-                        self.error(ErrorCode::TypeMismatch, *span, format!("`static_assert` needs a bool, found {desc}"));
+                        self.error(
+                            ErrorCode::TypeMismatch,
+                            *span,
+                            format!("`static_assert` needs a bool, found {desc}"),
+                        );
                     }
                 }
             }
@@ -84,7 +139,11 @@ impl Checker<'_> {
                 Some(x) => Ev::Value(x),
                 None => {
                     let desc = self.describe(&v);
-                    self.error(ErrorCode::TypeMismatch, span, format!("{desc} cannot be a `{d}`"))
+                    self.error(
+                        ErrorCode::TypeMismatch,
+                        span,
+                        format!("{desc} cannot be a `{d}`"),
+                    )
                 }
             },
             Ev::Value(x) => {
@@ -93,8 +152,12 @@ impl Checker<'_> {
                     v
                 } else {
                     self.push(
-                        Diagnostic::error(ErrorCode::TypeMismatch, span, format!("expected `{d}`, found `{t}`"))
-                            .with_note(format!("help: convert explicitly: `(...) as {d}`")),
+                        Diagnostic::error(
+                            ErrorCode::TypeMismatch,
+                            span,
+                            format!("expected `{d}`, found `{t}`"),
+                        )
+                        .with_note(format!("help: convert explicitly: `(...) as {d}`")),
                     )
                 }
             }
@@ -104,7 +167,9 @@ impl Checker<'_> {
 
     /// Index of the scope holding `name`, innermost first.
     fn scope_of(&self, name: &str) -> Option<usize> {
-        (0..self.scopes.len()).rev().find(|i| self.scopes[*i].contains_key(name))
+        (0..self.scopes.len())
+            .rev()
+            .find(|i| self.scopes[*i].contains_key(name))
     }
 
     fn set_var(&mut self, name: &str, value: Ev) {
@@ -115,23 +180,46 @@ impl Checker<'_> {
         }
     }
 
-    fn assign(&mut self, target: &ast::Ident, op: Option<ast::BinOp>, value: &ast::Expr, span: Span) {
+    fn assign(
+        &mut self,
+        target: &ast::Ident,
+        op: Option<ast::BinOp>,
+        value: &ast::Expr,
+        span: Span,
+    ) {
         let Some(b) = self.lookup(&target.name).cloned() else {
             let _ = self.expr(value);
-            self.error(ErrorCode::UndefinedName, target.span, format!("cannot assign to `{}`: it is not defined", target.name));
+            self.error(
+                ErrorCode::UndefinedName,
+                target.span,
+                format!("cannot assign to `{}`: it is not defined", target.name),
+            );
             return;
         };
         let (cur, def_span) = match b {
-            Binding::Var { value, mutable: true, span } => (value, span),
+            Binding::Var {
+                value,
+                mutable: true,
+                span,
+            } => (value, span),
             other => {
                 let _ = self.expr(value);
                 let sp = binding_span(&other);
                 let (msg, help) = match other {
                     Binding::Var { .. } => (
-                        format!("cannot assign twice to immutable variable `{}`", target.name),
+                        format!(
+                            "cannot assign twice to immutable variable `{}`",
+                            target.name
+                        ),
                         format!("help: declare it mutable: `let mut {}`", target.name),
                     ),
-                    _ => (format!("cannot assign to `{}`: parameters are immutable", target.name), "help: copy it into a `let mut` variable".to_string()),
+                    _ => (
+                        format!(
+                            "cannot assign to `{}`: parameters are immutable",
+                            target.name
+                        ),
+                        "help: copy it into a `let mut` variable".to_string(),
+                    ),
                 };
                 self.push(
                     Diagnostic::error(ErrorCode::ImmutableAssign, target.span, msg)
@@ -169,10 +257,16 @@ impl Checker<'_> {
             None => {
                 let got = self.describe(&new);
                 self.push(
-                    Diagnostic::error(ErrorCode::TypeMismatch, value.span, format!("`{}` has type `{want}`, but this is {got}", target.name))
-                        .with_label_message(format!("expected `{want}`"))
-                        .with_secondary(def_span, "variable defined here")
-                        .with_note("a variable keeps its dtype and shape; assign a value of the same type"),
+                    Diagnostic::error(
+                        ErrorCode::TypeMismatch,
+                        value.span,
+                        format!("`{}` has type `{want}`, but this is {got}", target.name),
+                    )
+                    .with_label_message(format!("expected `{want}`"))
+                    .with_secondary(def_span, "variable defined here")
+                    .with_note(
+                        "a variable keeps its dtype and shape; assign a value of the same type",
+                    ),
                 );
             }
         }
@@ -189,7 +283,12 @@ impl Checker<'_> {
             if out.iter().any(|(m, _)| m == &n) {
                 continue;
             }
-            if let Some(Binding::Var { value: Ev::Value(v), mutable: true, .. }) = self.lookup(&n) {
+            if let Some(Binding::Var {
+                value: Ev::Value(v),
+                mutable: true,
+                ..
+            }) = self.lookup(&n)
+            {
                 out.push((n, *v));
             }
         }
@@ -204,13 +303,25 @@ impl Checker<'_> {
             Ev::Poison => None,
             other => {
                 let desc = self.describe(other);
-                self.error(ErrorCode::BadControlFlow, e.span, format!("the loop {what} must be an i32 scalar, found {desc}"));
+                self.error(
+                    ErrorCode::BadControlFlow,
+                    e.span,
+                    format!("the loop {what} must be an i32 scalar, found {desc}"),
+                );
                 None
             }
         }
     }
 
-    fn for_loop(&mut self, var: &ast::Ident, start: &ast::Expr, end: &ast::Expr, step: Option<&ast::Expr>, body: &ast::Block, span: Span) {
+    fn for_loop(
+        &mut self,
+        var: &ast::Ident,
+        start: &ast::Expr,
+        end: &ast::Expr,
+        step: Option<&ast::Expr>,
+        body: &ast::Block,
+        span: Span,
+    ) {
         let lower = self.scalar_i32(start, "start");
         let upper = self.scalar_i32(end, "end");
         let step_v = match step {
@@ -219,11 +330,22 @@ impl Checker<'_> {
                 Ev::Int(i) if i > 0 && i <= i32::MAX as i128 => Some(i as i64),
                 Ev::Poison => None,
                 Ev::Int(i) => {
-                    self.error(ErrorCode::BadControlFlow, e.span, format!("the loop step must be positive, found {i}"));
+                    self.error(
+                        ErrorCode::BadControlFlow,
+                        e.span,
+                        format!("the loop step must be positive, found {i}"),
+                    );
                     None
                 }
                 _ => {
-                    self.push(Diagnostic::error(ErrorCode::BadControlFlow, e.span, "the loop step must be a positive compile-time constant").with_label_message("not a constant"));
+                    self.push(
+                        Diagnostic::error(
+                            ErrorCode::BadControlFlow,
+                            e.span,
+                            "the loop step must be a positive compile-time constant",
+                        )
+                        .with_label_message("not a constant"),
+                    );
                     None
                 }
             },
@@ -235,26 +357,47 @@ impl Checker<'_> {
             self.scopes.pop();
             return;
         };
-        let Some(step) = self.materialize(&Ev::Int(step_v as i128), DType::I32, span) else { return };
+        let Some(step) = self.materialize(&Ev::Int(step_v as i128), DType::I32, span) else {
+            return;
+        };
         let carried = self.carried(&[body]);
-        let iv = self.func.values.append(crate::ir::Value { ty: ValueType::Scalar(DType::I32), name: Some(var.name.clone()) });
+        let iv = self.func.values.append(crate::ir::Value {
+            ty: ValueType::Scalar(DType::I32),
+            name: Some(var.name.clone()),
+        });
         let mut args = vec![iv];
         for (n, v) in &carried {
             let ty = self.ty(*v);
-            let a = self.func.values.append(crate::ir::Value { ty, name: Some(n.clone()) });
+            let a = self.func.values.append(crate::ir::Value {
+                ty,
+                name: Some(n.clone()),
+            });
             args.push(a);
             self.set_var(n, Ev::Value(a));
         }
-        self.blocks.push(Block { args: args.clone(), insts: Vec::new() });
+        self.blocks.push(Block {
+            args: args.clone(),
+            insts: Vec::new(),
+        });
         self.scopes.push(Default::default());
-        self.bind(&var.name, Binding::Var { value: Ev::Value(iv), mutable: false, span: var.span });
+        self.bind(
+            &var.name,
+            Binding::Var {
+                value: Ev::Value(iv),
+                mutable: false,
+                span: var.span,
+            },
+        );
         self.lower_block_stmts(body);
         self.scopes.pop();
         let yields: Vec<ValueId> = carried
             .iter()
             .zip(&args[1..])
             .map(|((n, _), a)| match self.lookup(n) {
-                Some(Binding::Var { value: Ev::Value(v), .. }) => *v,
+                Some(Binding::Var {
+                    value: Ev::Value(v),
+                    ..
+                }) => *v,
                 _ => *a,
             })
             .collect();
@@ -262,7 +405,17 @@ impl Checker<'_> {
         let body_block = self.blocks.pop().unwrap_or_default();
         let inits: Vec<ValueId> = carried.iter().map(|(_, v)| *v).collect();
         let types: Vec<ValueType> = inits.iter().map(|v| self.ty(*v)).collect();
-        let results = self.emit(Op::For { lower, upper, step, inits, body: body_block }, types, span);
+        let results = self.emit(
+            Op::For {
+                lower,
+                upper,
+                step,
+                inits,
+                body: body_block,
+            },
+            types,
+            span,
+        );
         for ((n, _), r) in carried.iter().zip(results) {
             self.set_var(n, Ev::Value(r));
         }
@@ -278,7 +431,13 @@ impl Checker<'_> {
         let _ = self.blocks.pop();
     }
 
-    fn if_stmt(&mut self, cond: &ast::Expr, then_block: &ast::Block, else_block: Option<&ast::Block>, span: Span) {
+    fn if_stmt(
+        &mut self,
+        cond: &ast::Expr,
+        then_block: &ast::Block,
+        else_block: Option<&ast::Block>,
+        span: Span,
+    ) {
         let c = self.expr(cond);
         let c = match c {
             Ev::Bool(b) => {
@@ -295,8 +454,12 @@ impl Checker<'_> {
             Ev::Poison => return,
             Ev::Value(v) => {
                 let t = self.ty(v);
-                let mut d = Diagnostic::error(ErrorCode::BadControlFlow, cond.span, format!("an `if` condition must be a scalar `bool`, found `{t}`"))
-                    .with_label_message("not a scalar bool");
+                let mut d = Diagnostic::error(
+                    ErrorCode::BadControlFlow,
+                    cond.span,
+                    format!("an `if` condition must be a scalar `bool`, found `{t}`"),
+                )
+                .with_label_message("not a scalar bool");
                 if t.shape().is_some() {
                     d = d.with_note("help: choose per element with `where(cond, a, b)`, or reduce the condition first");
                 }
@@ -305,7 +468,11 @@ impl Checker<'_> {
             }
             other => {
                 let desc = self.describe(&other);
-                self.error(ErrorCode::BadControlFlow, cond.span, format!("an `if` condition must be a scalar `bool`, found {desc}"));
+                self.error(
+                    ErrorCode::BadControlFlow,
+                    cond.span,
+                    format!("an `if` condition must be a scalar `bool`, found {desc}"),
+                );
                 return;
             }
         };
@@ -325,7 +492,10 @@ impl Checker<'_> {
             let yields: Vec<ValueId> = carried
                 .iter()
                 .map(|(n, init)| match self.lookup(n) {
-                    Some(Binding::Var { value: Ev::Value(v), .. }) => *v,
+                    Some(Binding::Var {
+                        value: Ev::Value(v),
+                        ..
+                    }) => *v,
                     _ => *init,
                 })
                 .collect();
@@ -338,7 +508,15 @@ impl Checker<'_> {
         let else_body = bodies.pop().unwrap_or_default();
         let then_body = bodies.pop().unwrap_or_default();
         let types: Vec<ValueType> = carried.iter().map(|(_, v)| self.ty(*v)).collect();
-        let results = self.emit(Op::If { cond: c, then_body, else_body }, types, span);
+        let results = self.emit(
+            Op::If {
+                cond: c,
+                then_body,
+                else_body,
+            },
+            types,
+            span,
+        );
         for ((n, _), r) in carried.iter().zip(results) {
             self.set_var(n, Ev::Value(r));
         }
@@ -351,7 +529,11 @@ fn assigned_names(b: &ast::Block, out: &mut Vec<String>) {
         match s {
             Stmt::Assign { target, .. } => out.push(target.name.clone()),
             Stmt::For { body, .. } => assigned_names(body, out),
-            Stmt::If { then_block, else_block, .. } => {
+            Stmt::If {
+                then_block,
+                else_block,
+                ..
+            } => {
                 assigned_names(then_block, out);
                 if let Some(e) = else_block {
                     assigned_names(e, out);

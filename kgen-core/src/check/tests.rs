@@ -53,8 +53,16 @@ fn loops_carry_mutable_tiles_and_scalars() {
     )
     .unwrap();
     crate::valid::validate(&f).expect("valid");
-    let fors = f.insts.iter().filter(|(_, i)| matches!(i.op, Op::For { .. })).count();
-    let ifs = f.insts.iter().filter(|(_, i)| matches!(i.op, Op::If { .. })).count();
+    let fors = f
+        .insts
+        .iter()
+        .filter(|(_, i)| matches!(i.op, Op::For { .. }))
+        .count();
+    let ifs = f
+        .insts
+        .iter()
+        .filter(|(_, i)| matches!(i.op, Op::If { .. }))
+        .count();
     assert_eq!((fors, ifs), (1, 1), "{f}");
 }
 
@@ -74,22 +82,71 @@ fn broadcasting_is_explicit() {
 
 #[test]
 fn error_codes() {
-    let k = |body: &str| format!("kernel k(x: tensor<f32, 1>, y: tensor<i32, 1>, n: i32) {{ let i = bid(0); {body} }}");
+    let k = |body: &str| {
+        format!(
+            "kernel k(x: tensor<f32, 1>, y: tensor<i32, 1>, n: i32) {{ let i = bid(0); {body} }}"
+        )
+    };
     assert_eq!(err_codes(&k("let a = zz;")), vec![ErrorCode::UndefinedName]);
-    assert_eq!(err_codes(&k("let a = foo(1);")), vec![ErrorCode::UnknownFunction]);
-    assert_eq!(err_codes(&k("let a = load(x, [i]);")), vec![ErrorCode::BadArguments]);
-    assert_eq!(err_codes(&k("let a = load(x, [i], [8]) + load(y, [i], [8]);")), vec![ErrorCode::TypeMismatch]);
-    assert_eq!(err_codes(&k("let a = x + 1.0;")), vec![ErrorCode::WrongKind]);
-    assert_eq!(err_codes(&k("let a = 1; a = 2;")), vec![ErrorCode::ImmutableAssign]);
-    assert_eq!(err_codes(&k("let a = load(x, [i], [8]) + load(x, [i], [4]);")), vec![ErrorCode::ShapeMismatch]);
-    assert_eq!(err_codes(&k("let a = sum(load(x, [i], [8]), 1);")), vec![ErrorCode::BadAxis]);
-    assert_eq!(err_codes(&k("let a = load(x, [i], [0]);")), vec![ErrorCode::BadTileShape]);
-    assert_eq!(err_codes(&k("let a = load(x, [i], [n]);")), vec![ErrorCode::NotConstant]);
-    assert_eq!(err_codes(&k("static_assert(1 == 2, \"no\");")), vec![ErrorCode::StaticAssert]);
-    assert_eq!(err_codes(&k("let a = load(x, [i], [8 / 0]);")), vec![ErrorCode::ConstEval]);
-    assert_eq!(err_codes(&k("let a = load(x, [i, i], [8, 8]);")), vec![ErrorCode::BadAccess]);
-    assert_eq!(err_codes(&k("store(y, [i], load(x, [i], [8]));")), vec![ErrorCode::BadMemoryOp]);
-    assert_eq!(err_codes(&k("let mut a = load(x, [i], [8]); if a > 0.0 { a = a; }")), vec![ErrorCode::BadControlFlow]);
+    assert_eq!(
+        err_codes(&k("let a = foo(1);")),
+        vec![ErrorCode::UnknownFunction]
+    );
+    assert_eq!(
+        err_codes(&k("let a = load(x, [i]);")),
+        vec![ErrorCode::BadArguments]
+    );
+    assert_eq!(
+        err_codes(&k("let a = load(x, [i], [8]) + load(y, [i], [8]);")),
+        vec![ErrorCode::TypeMismatch]
+    );
+    assert_eq!(
+        err_codes(&k("let a = x + 1.0;")),
+        vec![ErrorCode::WrongKind]
+    );
+    assert_eq!(
+        err_codes(&k("let a = 1; a = 2;")),
+        vec![ErrorCode::ImmutableAssign]
+    );
+    assert_eq!(
+        err_codes(&k("let a = load(x, [i], [8]) + load(x, [i], [4]);")),
+        vec![ErrorCode::ShapeMismatch]
+    );
+    assert_eq!(
+        err_codes(&k("let a = sum(load(x, [i], [8]), 1);")),
+        vec![ErrorCode::BadAxis]
+    );
+    assert_eq!(
+        err_codes(&k("let a = load(x, [i], [0]);")),
+        vec![ErrorCode::BadTileShape]
+    );
+    assert_eq!(
+        err_codes(&k("let a = load(x, [i], [n]);")),
+        vec![ErrorCode::NotConstant]
+    );
+    assert_eq!(
+        err_codes(&k("static_assert(1 == 2, \"no\");")),
+        vec![ErrorCode::StaticAssert]
+    );
+    assert_eq!(
+        err_codes(&k("let a = load(x, [i], [8 / 0]);")),
+        vec![ErrorCode::ConstEval]
+    );
+    assert_eq!(
+        err_codes(&k("let a = load(x, [i, i], [8, 8]);")),
+        vec![ErrorCode::BadAccess]
+    );
+    assert_eq!(
+        err_codes(&k("store(y, [i], load(x, [i], [8]));")),
+        vec![ErrorCode::BadMemoryOp]
+    );
+    assert_eq!(
+        err_codes(&k("let mut a = load(x, [i], [8]); if a > 0.0 { a = a; }")),
+        vec![ErrorCode::BadControlFlow]
+    );
     // Several independent errors are reported together.
-    assert_eq!(err_codes(&k("let a = zz; let b = foo(1);")), vec![ErrorCode::UndefinedName, ErrorCode::UnknownFunction]);
+    assert_eq!(
+        err_codes(&k("let a = zz; let b = foo(1);")),
+        vec![ErrorCode::UndefinedName, ErrorCode::UnknownFunction]
+    );
 }

@@ -91,7 +91,10 @@ impl Printer<'_> {
     }
 
     fn list(&self, vs: &[ValueId]) -> String {
-        vs.iter().map(|v| self.use_(*v)).collect::<Vec<_>>().join(", ")
+        vs.iter()
+            .map(|v| self.use_(*v))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn tensor(&self, index: u32) -> String {
@@ -192,7 +195,11 @@ impl Printer<'_> {
                 tensor,
                 index,
                 padding,
-            } => format!("load {}[{}] pad {padding}", self.tensor(*tensor), self.list(index)),
+            } => format!(
+                "load {}[{}] pad {padding}",
+                self.tensor(*tensor),
+                self.list(index)
+            ),
             Op::Store {
                 tensor,
                 index,

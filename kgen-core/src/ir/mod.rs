@@ -178,11 +178,20 @@ pub enum Op {
     ScalarParam(u32),
     /// Extent of dimension `dim` of tensor parameter `tensor`. `i32` scalar (a constant
     /// dimension folds to `Const` during checking).
-    TensorDim { tensor: u32, dim: u8 },
+    TensorDim {
+        tensor: u32,
+        dim: u8,
+    },
     /// Stride (elements) of dimension `dim` of tensor parameter `tensor`. `i32` scalar.
-    TensorStride { tensor: u32, dim: u8 },
+    TensorStride {
+        tensor: u32,
+        dim: u8,
+    },
     /// `arange(start, end)`: the 1-D `i32` tile `[start, start+1, ..., end-1]`.
-    Arange { start: i64, end: i64 },
+    Arange {
+        start: i64,
+        end: i64,
+    },
     /// A scalar repeated over the result tile.
     Splat(ValueId),
     /// A tile whose size-1 dimensions are repeated to the result shape (same rank).

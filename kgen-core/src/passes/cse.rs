@@ -67,7 +67,11 @@ fn visit(
                     *body = visit(func, std::mem::take(body), scopes, replace);
                     scopes.pop();
                 }
-                Op::If { then_body, else_body, .. } => {
+                Op::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
                     for b in [then_body, else_body] {
                         scopes.push(HashMap::new());
                         *b = visit(func, std::mem::take(b), scopes, replace);

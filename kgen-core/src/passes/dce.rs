@@ -30,7 +30,8 @@ fn prune(func: &mut Function, mut block: Block, used: &HashSet<ValueId>) -> Bloc
     let mut kept = Vec::with_capacity(block.insts.len());
     for id in std::mem::take(&mut block.insts) {
         let inst = &func.insts[id];
-        let live = Function::has_side_effects(&inst.op) || inst.results.iter().any(|r| used.contains(r));
+        let live =
+            Function::has_side_effects(&inst.op) || inst.results.iter().any(|r| used.contains(r));
         if !live {
             continue;
         }
@@ -38,7 +39,11 @@ fn prune(func: &mut Function, mut block: Block, used: &HashSet<ValueId>) -> Bloc
             let mut op = func.insts[id].op.clone();
             match &mut op {
                 Op::For { body, .. } => *body = prune(func, std::mem::take(body), used),
-                Op::If { then_body, else_body, .. } => {
+                Op::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
                     *then_body = prune(func, std::mem::take(then_body), used);
                     *else_body = prune(func, std::mem::take(else_body), used);
                 }

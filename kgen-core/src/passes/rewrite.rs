@@ -27,12 +27,29 @@ pub(super) fn operands_mut(op: &mut Op) -> Vec<&mut ValueId> {
         Op::Load { index, .. } => index.iter_mut().collect(),
         Op::Store { index, value, .. } => index.iter_mut().chain(std::iter::once(value)).collect(),
         Op::Gather { offsets, mask, .. } => offsets.iter_mut().chain(mask.iter_mut()).collect(),
-        Op::Scatter { offsets, value, mask, .. } | Op::AtomicAdd { offsets, value, mask, .. } => offsets
+        Op::Scatter {
+            offsets,
+            value,
+            mask,
+            ..
+        }
+        | Op::AtomicAdd {
+            offsets,
+            value,
+            mask,
+            ..
+        } => offsets
             .iter_mut()
             .chain(std::iter::once(value))
             .chain(mask.iter_mut())
             .collect(),
-        Op::For { lower, upper, step, inits, .. } => {
+        Op::For {
+            lower,
+            upper,
+            step,
+            inits,
+            ..
+        } => {
             let mut v = vec![lower, upper, step];
             v.extend(inits.iter_mut());
             v
@@ -46,7 +63,11 @@ pub(super) fn operands_mut(op: &mut Op) -> Vec<&mut ValueId> {
 pub(super) fn regions(op: &Op) -> Vec<&Block> {
     match op {
         Op::For { body, .. } => vec![body],
-        Op::If { then_body, else_body, .. } => vec![then_body, else_body],
+        Op::If {
+            then_body,
+            else_body,
+            ..
+        } => vec![then_body, else_body],
         _ => vec![],
     }
 }

@@ -8,18 +8,66 @@ fn build() -> Function {
     let mut f = Function::new("k", "k");
     f.params.push(Param {
         name: "x".into(),
-        kind: ParamKind::Tensor(TensorParam { dtype: DType::F32, dims: vec![None], contiguous: true, align_bytes: 16 }),
+        kind: ParamKind::Tensor(TensorParam {
+            dtype: DType::F32,
+            dims: vec![None],
+            contiguous: true,
+            align_bytes: 16,
+        }),
     });
     let t = ValueType::Tile(DType::F32, Shape(vec![64]));
     let mut body = Block::default();
     let mut b = Builder { func: &mut f };
-    let i = b.inst(&mut body, Op::ProgramId(0), vec![ValueType::Scalar(DType::I32)], Span::DUMMY)[0];
-    let x = b.inst(&mut body, Op::Load { tensor: 0, index: vec![i], padding: Scalar::Float(0.0, DType::F32) }, vec![t.clone()], Span::DUMMY)[0];
-    let a1 = b.inst(&mut body, Op::Binary(BinaryOp::Mul, x, x), vec![t.clone()], Span::DUMMY)[0];
-    let a2 = b.inst(&mut body, Op::Binary(BinaryOp::Mul, x, x), vec![t.clone()], Span::DUMMY)[0];
-    let _dead = b.inst(&mut body, Op::Binary(BinaryOp::Sub, x, x), vec![t.clone()], Span::DUMMY)[0];
-    let s = b.inst(&mut body, Op::Binary(BinaryOp::Add, a1, a2), vec![t], Span::DUMMY)[0];
-    b.inst(&mut body, Op::Store { tensor: 0, index: vec![i], value: s }, vec![], Span::DUMMY);
+    let i = b.inst(
+        &mut body,
+        Op::ProgramId(0),
+        vec![ValueType::Scalar(DType::I32)],
+        Span::DUMMY,
+    )[0];
+    let x = b.inst(
+        &mut body,
+        Op::Load {
+            tensor: 0,
+            index: vec![i],
+            padding: Scalar::Float(0.0, DType::F32),
+        },
+        vec![t.clone()],
+        Span::DUMMY,
+    )[0];
+    let a1 = b.inst(
+        &mut body,
+        Op::Binary(BinaryOp::Mul, x, x),
+        vec![t.clone()],
+        Span::DUMMY,
+    )[0];
+    let a2 = b.inst(
+        &mut body,
+        Op::Binary(BinaryOp::Mul, x, x),
+        vec![t.clone()],
+        Span::DUMMY,
+    )[0];
+    let _dead = b.inst(
+        &mut body,
+        Op::Binary(BinaryOp::Sub, x, x),
+        vec![t.clone()],
+        Span::DUMMY,
+    )[0];
+    let s = b.inst(
+        &mut body,
+        Op::Binary(BinaryOp::Add, a1, a2),
+        vec![t],
+        Span::DUMMY,
+    )[0];
+    b.inst(
+        &mut body,
+        Op::Store {
+            tensor: 0,
+            index: vec![i],
+            value: s,
+        },
+        vec![],
+        Span::DUMMY,
+    );
     f.body = body;
     f
 }

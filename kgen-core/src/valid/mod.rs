@@ -91,7 +91,10 @@ impl Validator<'_> {
 
     fn define(&mut self, v: ValueId, span: Span) {
         if self.func.values.get(v).is_none() {
-            self.error(span, format!("value #{} is not in the value arena", v.index()));
+            self.error(
+                span,
+                format!("value #{} is not in the value arena", v.index()),
+            );
             return;
         }
         if !self.defined.insert(v) {
@@ -123,7 +126,10 @@ impl Validator<'_> {
     fn inst(&mut self, id: InstId, last: bool, yields: Option<&YieldTypes>) {
         let func = self.func;
         let Some(inst) = func.insts.get(id) else {
-            self.error(Span::DUMMY, format!("instruction #{} does not exist", id.index()));
+            self.error(
+                Span::DUMMY,
+                format!("instruction #{} does not exist", id.index()),
+            );
             return;
         };
         self.info.num_insts += 1;
@@ -146,20 +152,39 @@ impl Validator<'_> {
                 };
                 let got: Vec<_> = vals.iter().map(|v| func.values[*v].ty.clone()).collect();
                 if &got != expected {
-                    self.error(span, format!("yield types {got:?} differ from {expected:?}"));
+                    self.error(
+                        span,
+                        format!("yield types {got:?} differ from {expected:?}"),
+                    );
                 }
             }
             Op::For { inits, body, .. } => {
-                let result_types: YieldTypes =
-                    inst.results.iter().filter_map(|r| func.values.get(*r)).map(|v| v.ty.clone()).collect();
+                let result_types: YieldTypes = inst
+                    .results
+                    .iter()
+                    .filter_map(|r| func.values.get(*r))
+                    .map(|v| v.ty.clone())
+                    .collect();
                 self.region(body, &result_types, span, |v, args| {
-                    let init_types: Vec<_> = inits.iter().map(|i| v.func.values[*i].ty.clone()).collect();
-                    let arg_types: Vec<_> = args.iter().filter_map(|a| v.func.values.get(*a)).map(|x| x.ty.clone()).collect();
-                    if arg_types.first() != Some(&crate::types::ValueType::Scalar(crate::types::DType::I32)) {
-                        return Err("loop body's first argument must be the i32 induction variable".into());
+                    let init_types: Vec<_> =
+                        inits.iter().map(|i| v.func.values[*i].ty.clone()).collect();
+                    let arg_types: Vec<_> = args
+                        .iter()
+                        .filter_map(|a| v.func.values.get(*a))
+                        .map(|x| x.ty.clone())
+                        .collect();
+                    if arg_types.first()
+                        != Some(&crate::types::ValueType::Scalar(crate::types::DType::I32))
+                    {
+                        return Err(
+                            "loop body's first argument must be the i32 induction variable".into(),
+                        );
                     }
                     if arg_types[1..] != init_types[..] || init_types != result_types {
-                        return Err("loop-carried types differ between inits, body arguments and results".into());
+                        return Err(
+                            "loop-carried types differ between inits, body arguments and results"
+                                .into(),
+                        );
                     }
                     Ok(())
                 });
@@ -169,8 +194,12 @@ impl Validator<'_> {
                 else_body,
                 ..
             } => {
-                let result_types: YieldTypes =
-                    inst.results.iter().filter_map(|r| func.values.get(*r)).map(|v| v.ty.clone()).collect();
+                let result_types: YieldTypes = inst
+                    .results
+                    .iter()
+                    .filter_map(|r| func.values.get(*r))
+                    .map(|v| v.ty.clone())
+                    .collect();
                 for body in [then_body, else_body] {
                     self.region(body, &result_types, span, |_, args| {
                         if args.is_empty() {

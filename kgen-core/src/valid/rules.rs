@@ -9,13 +9,18 @@ use crate::types::{DType, Shape, ValueType, MAX_TENSOR_RANK, MAX_TILE_ELEMENTS, 
 
 pub(super) fn check_tile_shape(shape: &Shape) -> Result<(), String> {
     if shape.rank() == 0 || shape.rank() > MAX_TILE_RANK {
-        return Err(format!("tile rank {} outside 1..={MAX_TILE_RANK}", shape.rank()));
+        return Err(format!(
+            "tile rank {} outside 1..={MAX_TILE_RANK}",
+            shape.rank()
+        ));
     }
     if shape.dims().contains(&0) {
         return Err(format!("tile shape {shape} has a zero extent"));
     }
     if shape.num_elements() > MAX_TILE_ELEMENTS {
-        return Err(format!("tile shape {shape} exceeds {MAX_TILE_ELEMENTS} elements"));
+        return Err(format!(
+            "tile shape {shape} exceeds {MAX_TILE_ELEMENTS} elements"
+        ));
     }
     Ok(())
 }
@@ -45,39 +50,59 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
     let res_ty = || res.clone().ok_or_else(|| "missing result".to_string());
     let scalar_i32 = ValueType::Scalar(DType::I32);
     match op {
-        Op::Const(c) => ensure(res_ty()?.dtype() == c.dtype(), || "const dtype differs from result".into()),
+        Op::Const(c) => ensure(res_ty()?.dtype() == c.dtype(), || {
+            "const dtype differs from result".into()
+        }),
         Op::ProgramId(a) | Op::NumPrograms(a) => {
             ensure(*a < 3, || format!("grid axis {a} ≥ 3"))?;
-            ensure(res_ty()? == scalar_i32, || "grid id must be an i32 scalar".into())
+            ensure(res_ty()? == scalar_i32, || {
+                "grid id must be an i32 scalar".into()
+            })
         }
         Op::ScalarParam(i) => match func.params.get(*i as usize).map(|p| &p.kind) {
-            Some(ParamKind::Scalar(d)) => {
-                ensure(res_ty()? == ValueType::Scalar(*d), || "scalar param type differs".into())
-            }
+            Some(ParamKind::Scalar(d)) => ensure(res_ty()? == ValueType::Scalar(*d), || {
+                "scalar param type differs".into()
+            }),
             _ => Err(format!("param {i} is not a scalar")),
         },
         Op::TensorDim { tensor, dim } | Op::TensorStride { tensor, dim } => {
             let t = func.tensor_param(*tensor).ok_or("not a tensor param")?;
-            ensure((*dim as usize) < t.rank(), || format!("dim {dim} ≥ rank {}", t.rank()))?;
-            ensure(res_ty()? == scalar_i32, || "shape/stride must be an i32 scalar".into())
+            ensure((*dim as usize) < t.rank(), || {
+                format!("dim {dim} ≥ rank {}", t.rank())
+            })?;
+            ensure(res_ty()? == scalar_i32, || {
+                "shape/stride must be an i32 scalar".into()
+            })
         }
         Op::Arange { start, end } => {
-            let n = end.checked_sub(*start).filter(|n| *n > 0).ok_or("empty arange")?;
-            let want = ValueType::Tile(DType::I32, Shape(vec![u32::try_from(n).map_err(|_| "arange too long")?]));
-            ensure(res_ty()? == want, || "arange result must be tile<i32, [end-start]>".into())
+            let n = end
+                .checked_sub(*start)
+                .filter(|n| *n > 0)
+                .ok_or("empty arange")?;
+            let want = ValueType::Tile(
+                DType::I32,
+                Shape(vec![u32::try_from(n).map_err(|_| "arange too long")?]),
+            );
+            ensure(res_ty()? == want, || {
+                "arange result must be tile<i32, [end-start]>".into()
+            })
         }
         Op::Splat(v) => {
             let (a, r) = (ty(v), res_ty()?);
-            ensure(matches!(a, ValueType::Scalar(_)) && r.shape().is_some() && a.dtype() == r.dtype(), || {
-                format!("splat {a} to {r}")
-            })
+            ensure(
+                matches!(a, ValueType::Scalar(_)) && r.shape().is_some() && a.dtype() == r.dtype(),
+                || format!("splat {a} to {r}"),
+            )
         }
         Op::Broadcast(v) => {
             let (a, r) = (ty(v), res_ty()?);
             let ok = match (a.shape(), r.shape()) {
                 (Some(s), Some(t)) => {
                     s.rank() == t.rank()
-                        && s.dims().iter().zip(t.dims()).all(|(x, y)| x == y || *x == 1)
+                        && s.dims()
+                            .iter()
+                            .zip(t.dims())
+                            .all(|(x, y)| x == y || *x == 1)
                         && a.dtype() == r.dtype()
                 }
                 _ => false,
@@ -87,7 +112,9 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
         Op::Reshape(v) => {
             let (a, r) = (ty(v), res_ty()?);
             let ok = match (a.shape(), r.shape()) {
-                (Some(s), Some(t)) => s.num_elements() == t.num_elements() && a.dtype() == r.dtype(),
+                (Some(s), Some(t)) => {
+                    s.num_elements() == t.num_elements() && a.dtype() == r.dtype()
+                }
                 _ => false,
             };
             ensure(ok, || format!("reshape {a} to {r}"))
@@ -111,7 +138,11 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
                     let mut seen = perm.clone();
                     seen.sort_unstable();
                     seen == (0..s.rank() as u8).collect::<Vec<_>>()
-                        && perm.iter().map(|p| s.dims()[*p as usize]).collect::<Vec<_>>() == t.dims()
+                        && perm
+                            .iter()
+                            .map(|p| s.dims()[*p as usize])
+                            .collect::<Vec<_>>()
+                            == t.dims()
                         && a.dtype() == r.dtype()
                 }
                 _ => false,
@@ -120,7 +151,9 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
         }
         Op::Unary(u, v) => {
             let (a, r) = (ty(v), res_ty()?);
-            ensure(a == r, || format!("unary operand {a} differs from result {r}"))?;
+            ensure(a == r, || {
+                format!("unary operand {a} differs from result {r}")
+            })?;
             let d = a.dtype();
             let ok = match u {
                 UnaryOp::Not => d == DType::Bool || d.is_int(),
@@ -131,7 +164,9 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
         }
         Op::Binary(b, x, y) => {
             let (a, c, r) = (ty(x), ty(y), res_ty()?);
-            ensure(a == c && c == r, || format!("binary operands {a}, {c} and result {r} differ"))?;
+            ensure(a == c && c == r, || {
+                format!("binary operands {a}, {c} and result {r} differ")
+            })?;
             let d = a.dtype();
             let ok = match b {
                 BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => d == DType::Bool || d.is_int(),
@@ -149,63 +184,116 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
         }
         Op::Select(c, x, y) => {
             let (ct, a, b, r) = (ty(c), ty(x), ty(y), res_ty()?);
-            ensure(a == b && b == r, || format!("select arms {a}, {b}, result {r}"))?;
-            ensure(ct.dtype() == DType::Bool && (ct.shape().is_none() || ct.shape() == a.shape()), || {
-                format!("select condition {ct} for {a}")
-            })
+            ensure(a == b && b == r, || {
+                format!("select arms {a}, {b}, result {r}")
+            })?;
+            ensure(
+                ct.dtype() == DType::Bool && (ct.shape().is_none() || ct.shape() == a.shape()),
+                || format!("select condition {ct} for {a}"),
+            )
         }
         Op::Fma(x, y, z) => {
             let (a, b, c, r) = (ty(x), ty(y), ty(z), res_ty()?);
-            ensure(a == b && b == c && c == r && a.dtype().is_float(), || "fma operands must be equal float types".into())
+            ensure(a == b && b == c && c == r && a.dtype().is_float(), || {
+                "fma operands must be equal float types".into()
+            })
         }
         Op::Cast(v) => {
             let (a, r) = (ty(v), res_ty()?);
-            ensure(a.shape() == r.shape(), || format!("cast {a} to {r} changes shape"))
+            ensure(a.shape() == r.shape(), || {
+                format!("cast {a} to {r} changes shape")
+            })
         }
         Op::Reduce { op, value, axis } => {
             let (a, r) = (ty(value), res_ty()?);
             let s = a.shape().ok_or("reduce of a scalar")?;
-            ensure((*axis as usize) < s.rank(), || format!("axis {axis} ≥ rank {}", s.rank()))?;
+            ensure((*axis as usize) < s.rank(), || {
+                format!("axis {axis} ≥ rank {}", s.rank())
+            })?;
             let mut dims = s.dims().to_vec();
             dims.remove(*axis as usize);
             let d = match op {
                 ReduceOp::ArgMax | ReduceOp::ArgMin => DType::I32,
                 _ => a.dtype(),
             };
-            let want = if dims.is_empty() { ValueType::Scalar(d) } else { ValueType::Tile(d, Shape(dims)) };
+            let want = if dims.is_empty() {
+                ValueType::Scalar(d)
+            } else {
+                ValueType::Tile(d, Shape(dims))
+            };
             ensure(r == want, || format!("reduce result {r}, expected {want}"))?;
             ensure(a.dtype() != DType::Bool, || "reduce of bool".into())
         }
-        Op::Load { tensor, index, padding } => {
+        Op::Load {
+            tensor,
+            index,
+            padding,
+        } => {
             let t = func.tensor_param(*tensor).ok_or("load from a non-tensor")?;
             check_index(func, index, t.rank())?;
             let r = res_ty()?;
-            ensure(r.dtype() == t.dtype && r.shape().map(|s| s.rank()) == Some(t.rank()), || {
-                format!("load result {r} for a rank-{} {} tensor", t.rank(), t.dtype)
-            })?;
-            ensure(padding.dtype() == t.dtype, || "padding dtype differs from tensor".into())
+            ensure(
+                r.dtype() == t.dtype && r.shape().map(|s| s.rank()) == Some(t.rank()),
+                || format!("load result {r} for a rank-{} {} tensor", t.rank(), t.dtype),
+            )?;
+            ensure(padding.dtype() == t.dtype, || {
+                "padding dtype differs from tensor".into()
+            })
         }
-        Op::Store { tensor, index, value } => {
+        Op::Store {
+            tensor,
+            index,
+            value,
+        } => {
             let t = func.tensor_param(*tensor).ok_or("store to a non-tensor")?;
             check_index(func, index, t.rank())?;
             let v = ty(value);
-            ensure(v.dtype() == t.dtype && v.shape().map(|s| s.rank()) == Some(t.rank()), || {
-                format!("store of {v} to a rank-{} {} tensor", t.rank(), t.dtype)
-            })
+            ensure(
+                v.dtype() == t.dtype && v.shape().map(|s| s.rank()) == Some(t.rank()),
+                || format!("store of {v} to a rank-{} {} tensor", t.rank(), t.dtype),
+            )
         }
-        Op::Gather { tensor, offsets, mask, other } => {
-            let t = func.tensor_param(*tensor).ok_or("gather from a non-tensor")?;
+        Op::Gather {
+            tensor,
+            offsets,
+            mask,
+            other,
+        } => {
+            let t = func
+                .tensor_param(*tensor)
+                .ok_or("gather from a non-tensor")?;
             let r = res_ty()?;
-            ensure(r.dtype() == t.dtype && other.dtype() == t.dtype, || "gather dtype differs from tensor".into())?;
+            ensure(r.dtype() == t.dtype && other.dtype() == t.dtype, || {
+                "gather dtype differs from tensor".into()
+            })?;
             check_offsets(func, offsets, *mask, t.rank(), r.shape())
         }
-        Op::Scatter { tensor, offsets, value, mask } | Op::AtomicAdd { tensor, offsets, value, mask } => {
-            let t = func.tensor_param(*tensor).ok_or("scatter to a non-tensor")?;
+        Op::Scatter {
+            tensor,
+            offsets,
+            value,
+            mask,
+        }
+        | Op::AtomicAdd {
+            tensor,
+            offsets,
+            value,
+            mask,
+        } => {
+            let t = func
+                .tensor_param(*tensor)
+                .ok_or("scatter to a non-tensor")?;
             let v = ty(value);
-            ensure(v.dtype() == t.dtype, || "scatter value dtype differs from tensor".into())?;
+            ensure(v.dtype() == t.dtype, || {
+                "scatter value dtype differs from tensor".into()
+            })?;
             if let Op::AtomicAdd { .. } = op {
-                ensure(matches!(t.dtype, DType::F32 | DType::I32), || "atomic_add needs f32 or i32".into())?;
-                ensure(res_ty()? == v, || "atomic_add result differs from value".into())?;
+                ensure(matches!(t.dtype, DType::F32 | DType::I32), || {
+                    "atomic_add needs f32 or i32".into()
+                })?;
+                ensure(res_ty()? == v, || {
+                    "atomic_add result differs from value".into()
+                })?;
             }
             check_offsets(func, offsets, *mask, t.rank(), v.shape())
         }
@@ -213,19 +301,27 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             let (x, y, z, r) = (ty(a), ty(b), ty(acc), res_ty()?);
             let ok = match (x.shape(), y.shape(), z.shape()) {
                 (Some(s), Some(t), Some(u)) if s.rank() == 2 && t.rank() == 2 && u.rank() == 2 => {
-                    s.dims()[1] == t.dims()[0] && u.dims() == [s.dims()[0], t.dims()[1]] && x.dtype() == y.dtype()
+                    s.dims()[1] == t.dims()[0]
+                        && u.dims() == [s.dims()[0], t.dims()[1]]
+                        && x.dtype() == y.dtype()
                 }
                 _ => false,
             };
             ensure(ok && z == r, || format!("dot of {x} and {y} into {z}"))
         }
-        Op::For { lower, upper, step, .. } => {
+        Op::For {
+            lower, upper, step, ..
+        } => {
             for v in [lower, upper, step] {
-                ensure(ty(v) == scalar_i32, || "loop bounds must be i32 scalars".into())?;
+                ensure(ty(v) == scalar_i32, || {
+                    "loop bounds must be i32 scalars".into()
+                })?;
             }
             Ok(())
         }
-        Op::If { cond, .. } => ensure(ty(cond) == ValueType::Scalar(DType::Bool), || "if condition must be a bool scalar".into()),
+        Op::If { cond, .. } => ensure(ty(cond) == ValueType::Scalar(DType::Bool), || {
+            "if condition must be a bool scalar".into()
+        }),
         Op::Yield(_) => Ok(()),
     }
 }
@@ -235,14 +331,24 @@ fn check_index(func: &Function, index: &[ValueId], rank: usize) -> R {
         format!("{} indices for a rank-{rank} tensor", index.len())
     })?;
     for v in index {
-        ensure(func.values[*v].ty == ValueType::Scalar(DType::I32), || "tile index must be an i32 scalar".into())?;
+        ensure(func.values[*v].ty == ValueType::Scalar(DType::I32), || {
+            "tile index must be an i32 scalar".into()
+        })?;
     }
     Ok(())
 }
 
-fn check_offsets(func: &Function, offsets: &[ValueId], mask: Option<ValueId>, rank: usize, shape: Option<&Shape>) -> R {
+fn check_offsets(
+    func: &Function,
+    offsets: &[ValueId],
+    mask: Option<ValueId>,
+    rank: usize,
+    shape: Option<&Shape>,
+) -> R {
     let shape = shape.ok_or("gather/scatter on a scalar")?;
-    ensure(offsets.len() == rank, || format!("{} offsets for a rank-{rank} tensor", offsets.len()))?;
+    ensure(offsets.len() == rank, || {
+        format!("{} offsets for a rank-{rank} tensor", offsets.len())
+    })?;
     for v in offsets {
         let t = &func.values[*v].ty;
         ensure(t.dtype().is_int() && t.shape() == Some(shape), || {
@@ -251,7 +357,9 @@ fn check_offsets(func: &Function, offsets: &[ValueId], mask: Option<ValueId>, ra
     }
     if let Some(m) = mask {
         let t = &func.values[m].ty;
-        ensure(t.dtype() == DType::Bool && t.shape() == Some(shape), || format!("mask {t} must be bool of shape {shape}"))?;
+        ensure(t.dtype() == DType::Bool && t.shape() == Some(shape), || {
+            format!("mask {t} must be bool of shape {shape}")
+        })?;
     }
     Ok(())
 }

@@ -13,20 +13,48 @@ fn vec_add() -> Function {
     for name in ["x", "y"] {
         f.params.push(Param {
             name: name.into(),
-            kind: ParamKind::Tensor(TensorParam { dtype: DType::F32, dims: vec![None], contiguous: true, align_bytes: 16 }),
+            kind: ParamKind::Tensor(TensorParam {
+                dtype: DType::F32,
+                dims: vec![None],
+                contiguous: true,
+                align_bytes: 16,
+            }),
         });
     }
     let mut body = Block::default();
     let mut b = Builder { func: &mut f };
-    let i = b.inst(&mut body, Op::ProgramId(0), vec![ValueType::Scalar(DType::I32)], Span::DUMMY)[0];
+    let i = b.inst(
+        &mut body,
+        Op::ProgramId(0),
+        vec![ValueType::Scalar(DType::I32)],
+        Span::DUMMY,
+    )[0];
     let x = b.inst(
         &mut body,
-        Op::Load { tensor: 0, index: vec![i], padding: Scalar::Float(0.0, DType::F32) },
+        Op::Load {
+            tensor: 0,
+            index: vec![i],
+            padding: Scalar::Float(0.0, DType::F32),
+        },
         vec![tile(DType::F32, 128)],
         Span::DUMMY,
     )[0];
-    let s = b.inst(&mut body, Op::Binary(crate::ir::BinaryOp::Add, x, x), vec![tile(DType::F32, 128)], Span::DUMMY)[0];
-    b.inst(&mut body, Op::Store { tensor: 1, index: vec![i], value: s }, vec![], Span::DUMMY);
+    let s = b.inst(
+        &mut body,
+        Op::Binary(crate::ir::BinaryOp::Add, x, x),
+        vec![tile(DType::F32, 128)],
+        Span::DUMMY,
+    )[0];
+    b.inst(
+        &mut body,
+        Op::Store {
+            tensor: 1,
+            index: vec![i],
+            value: s,
+        },
+        vec![],
+        Span::DUMMY,
+    );
     f.body = body;
     f
 }
@@ -44,7 +72,10 @@ fn use_before_definition_is_reported() {
     let mut f = vec_add();
     f.body.insts.swap(0, 1);
     let err = validate(&f).unwrap_err();
-    assert!(err.0[0].message.contains("used before its definition"), "{err}");
+    assert!(
+        err.0[0].message.contains("used before its definition"),
+        "{err}"
+    );
     assert_eq!(err.0[0].code, ErrorCode::InvalidIr);
 }
 
@@ -56,7 +87,10 @@ fn type_mismatch_is_reported() {
     let r = f.insts[add].results[0];
     f.values[r].ty = tile(DType::I32, 128);
     let err = validate(&f).unwrap_err();
-    assert!(err.0.iter().any(|d| d.message.contains("binary operands")), "{err}");
+    assert!(
+        err.0.iter().any(|d| d.message.contains("binary operands")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -72,7 +106,10 @@ fn yield_outside_region_is_reported() {
 #[test]
 fn bad_tile_shape_is_reported() {
     let mut f = vec_add();
-    f.values.append(crate::ir::Value { ty: ValueType::Tile(DType::F32, Shape(vec![0])), name: None });
+    f.values.append(crate::ir::Value {
+        ty: ValueType::Tile(DType::F32, Shape(vec![0])),
+        name: None,
+    });
     let err = validate(&f).unwrap_err();
     assert!(err.0[0].message.contains("zero extent"), "{err}");
 }
