@@ -1,4 +1,5 @@
-//! Every ```kg example in docs/LANGUAGE.md compiles for both targets, is accepted by
+//! Every ```kg example in docs/LANGUAGE.md (and every kernel in tests/user_kernels/,
+//! numbered from 100000 in messages) compiles for both targets, is accepted by
 //! ptxas, and — when it carries a `// run: grid=G name=SPEC ...` line — runs in the
 //! interpreter on random inputs, with every output element written (outputs are
 //! poisoned with NaN first). Examples whose first line is `// error: E0xxx` must be
@@ -25,6 +26,16 @@ fn examples() -> Vec<(usize, String)> {
             }
             _ => {}
         }
+    }
+    // Kernels written from LANGUAGE.md alone, as a new user would.
+    let dir = common::repo_root().join("tests/user_kernels");
+    let mut user: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    user.sort();
+    for (i, p) in user.iter().enumerate() {
+        out.push((100_000 + i, std::fs::read_to_string(p).unwrap()));
     }
     out
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Runs every docs/LANGUAGE.md example that has a `// run:` line through `kgen run`
+"""Runs every docs/LANGUAGE.md example and tests/user_kernels/*.kg with a `// run:` line
+through `kgen run`
 (interpreter, and on a GPU machine the GPU too, compared with the interpreter).
 
 usage: tools/run-doc-examples.py [KGEN_BINARY]   (default: target/release/kgen)
@@ -11,6 +12,11 @@ root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 kgen = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "target/release/kgen")
 doc = open(os.path.join(root, "docs/LANGUAGE.md")).read()
 blocks = re.findall(r"^```kg\n(.*?)^```", doc, flags=re.S | re.M)
+# Kernels written from LANGUAGE.md alone, as a new user would (tests/user_kernels/).
+user_dir = os.path.join(root, "tests/user_kernels")
+for f in sorted(os.listdir(user_dir)):
+    if f.endswith(".kg"):
+        blocks.append(open(os.path.join(user_dir, f)).read())
 failed = 0
 ran = 0
 with tempfile.TemporaryDirectory() as tmp:
