@@ -1,11 +1,14 @@
 //! Statements: `let`, assignment, `for`, `if`, `static_assert`, expression statements.
 //!
 //! Assumes: the kernel's parameters and generics are bound in outer scopes.
-//! Guarantees: `let mut` variables become SSA values; a loop carries exactly the outer
-//! mutable variables its body assigns (block arguments in, `Yield` out, results after),
-//! and an `if` yields the variables either branch assigns. A variable's type never
-//! changes (an assignment of another type is an error; constants and scalars are
-//! converted/splatted to it).
+//! Guarantees: `let mut` variables become SSA values (each assignment rebinds the name
+//! to a new value); a loop carries the outer mutable variables its body assigns (block
+//! arguments in, `Yield` out, results after), and an `if` yields the variables either
+//! branch assigns (a missing `else` yields the incoming values). A variable's type never
+//! changes (an assignment of another type is an error; constants adapt to the dtype and
+//! scalars of the same dtype are splatted to a tile variable), so region types always
+//! match. An `if` on a constant condition lowers only the branch taken. Loop bounds are
+//! `i32` scalars and the step a positive constant (`BadControlFlow` otherwise).
 
 use super::{binding_span, Binding, Checker, Ev};
 use crate::diag::{Diagnostic, ErrorCode};
@@ -16,9 +19,18 @@ use crate::types::{DType, ValueType};
 
 impl Checker<'_> {
     pub(crate) fn lower_block_stmts(&mut self, block: &ast::Block) {
-        for s in &block.stmts {
-            self.stmt(s);
-        }
+        let _ = self.nested(block.span, |c| {
+            for s in &block.stmts {
+                c.stmt(s);
+            }
+        });
+    }
+
+    /// Lowers a block in a scope of its own.
+    fn scoped_block(&mut self, block: &ast::Block) {
+        self.scopes.push(Default::default());
+        self.lower_block_stmts(block);
+        self.scopes.pop();
     }
 
     fn stmt(&mut self, s: &Stmt) {
@@ -28,43 +40,8 @@ impl Checker<'_> {
                 mutable,
                 ty,
                 value,
-                span,
-            } => {
-                let v = self.expr(value);
-                let v = match ty {
-                    Some(d) => match self.dtype_of(d) {
-                        Some(d) => self.annotate(v, d, value.span),
-                        None => Ev::Poison,
-                    },
-                    None => v,
-                };
-                let v = if *mutable {
-                    // A mutable variable needs a concrete type from the start.
-                    match &v {
-                        Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) => {
-                            let d = Self::default_dtype(&v).unwrap_or(DType::I32);
-                            self.materialize(&v, d, value.span)
-                                .map_or(Ev::Poison, Ev::Value)
-                        }
-                        Ev::Value(_) | Ev::Poison => v,
-                        other => {
-                            let desc = self.describe(other);
-                            self.error(ErrorCode::WrongKind, value.span, format!("a mutable variable must hold a scalar or tile value, found {desc}"))
-                        }
-                    }
-                } else {
-                    v
-                };
-                let _ = span;
-                self.bind(
-                    &name.name,
-                    Binding::Var {
-                        value: v,
-                        mutable: *mutable,
-                        span: name.span,
-                    },
-                );
-            }
+                ..
+            } => self.let_stmt(name, *mutable, ty.as_ref(), value),
             Stmt::Assign {
                 target,
                 op,
@@ -88,94 +65,141 @@ impl Checker<'_> {
                 else_block,
                 span,
             } => self.if_stmt(cond, then_block, else_block.as_ref(), *span),
-            Stmt::StaticAssert {
-                cond,
-                message,
-                span,
-            } => {
-                let v = self.expr(cond);
-                match v {
-                    Ev::Bool(true) | Ev::Poison => {}
-                    Ev::Bool(false) => {
-                        let msg = message
-                            .clone()
-                            .unwrap_or_else(|| "static assertion failed".to_string());
-                        self.push(
-                            Diagnostic::error(
-                                ErrorCode::StaticAssert,
-                                cond.span,
-                                format!("static_assert failed: {msg}"),
-                            )
-                            .with_label_message("this is false"),
-                        );
-                    }
-                    Ev::Value(_) => {
-                        self.push(
-                            Diagnostic::error(
-                                ErrorCode::NotConstant,
-                                cond.span,
-                                "`static_assert` needs a compile-time condition",
-                            )
-                            .with_label_message("this depends on runtime values"),
-                        );
-                    }
-                    other => {
-                        let desc = self.describe(&other);
-                        self.error(
-                            ErrorCode::TypeMismatch,
-                            *span,
-                            format!("`static_assert` needs a bool, found {desc}"),
-                        );
-                    }
-                }
+            Stmt::StaticAssert { cond, message, .. } => {
+                self.static_assert(cond, message.as_deref())
             }
         }
     }
 
-    /// Applies a `let x: D = ...` annotation.
+    fn let_stmt(
+        &mut self,
+        name: &ast::Ident,
+        mutable: bool,
+        ty: Option<&ast::Ident>,
+        value: &ast::Expr,
+    ) {
+        let v = self.expr(value);
+        let v = match ty {
+            Some(d) => match self.dtype_of(d) {
+                Some(d) => self.annotate(v, d, value.span),
+                None => Ev::Poison,
+            },
+            None => v,
+        };
+        let v = match v {
+            Ev::Unit => self.push(
+                Diagnostic::error(
+                    ErrorCode::WrongKind,
+                    value.span,
+                    format!("`{}` cannot be bound to this: it has no value", name.name),
+                )
+                .with_label_message("returns nothing"),
+            ),
+            // A mutable variable needs a concrete type from the start.
+            Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) if mutable => {
+                let d = Self::default_dtype(&v).unwrap_or(DType::I32);
+                self.materialize(&v, d, value.span)
+                    .map_or(Ev::Poison, Ev::Value)
+            }
+            Ev::DType(_) | Ev::Tensor(_) | Ev::List(_) if mutable => {
+                let desc = self.describe(&v);
+                self.error(
+                    ErrorCode::WrongKind,
+                    value.span,
+                    format!("a mutable variable must hold a scalar or tile value, found {desc}"),
+                )
+            }
+            other => other,
+        };
+        if let Ev::Value(x) = v {
+            self.name_value(x, &name.name);
+        }
+        self.bind(
+            &name.name,
+            Binding::Var {
+                value: v,
+                mutable,
+                span: name.span,
+            },
+        );
+    }
+
+    /// Applies a `let x: D = ...` annotation: constants take the dtype; values must
+    /// already have it.
     fn annotate(&mut self, v: Ev, d: DType, span: Span) -> Ev {
         match &v {
-            Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) => match self.materialize(&v, d, span) {
-                Some(x) => Ev::Value(x),
-                None => {
+            Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) => {
+                if super::scalar_const(d, &v).is_none() {
                     let desc = self.describe(&v);
-                    self.error(
-                        ErrorCode::TypeMismatch,
-                        span,
-                        format!("{desc} cannot be a `{d}`"),
-                    )
-                }
-            },
-            Ev::Value(x) => {
-                let t = self.ty(*x);
-                if t.dtype() == d {
-                    v
-                } else {
-                    self.push(
+                    return self.push(
                         Diagnostic::error(
                             ErrorCode::TypeMismatch,
                             span,
-                            format!("expected `{d}`, found `{t}`"),
+                            format!("{desc} cannot be a `{d}`"),
                         )
-                        .with_note(format!("help: convert explicitly: `(...) as {d}`")),
-                    )
+                        .with_label_message(format!("expected `{d}`")),
+                    );
                 }
+                self.materialize(&v, d, span).map_or(Ev::Poison, Ev::Value)
             }
-            _ => v,
+            Ev::Value(x) => {
+                let t = self.ty(*x);
+                if t.dtype() == d {
+                    return v;
+                }
+                self.push(
+                    Diagnostic::error(
+                        ErrorCode::TypeMismatch,
+                        span,
+                        format!("expected `{d}`, found `{t}`"),
+                    )
+                    .with_label_message(format!("this is `{t}`"))
+                    .with_note(format!("help: convert explicitly: `(...) as {d}`")),
+                )
+            }
+            Ev::Poison => v,
+            other => {
+                let desc = self.describe(other);
+                self.error(
+                    ErrorCode::WrongKind,
+                    span,
+                    format!("a dtype annotation needs a value, found {desc}"),
+                )
+            }
         }
     }
 
-    /// Index of the scope holding `name`, innermost first.
-    fn scope_of(&self, name: &str) -> Option<usize> {
-        (0..self.scopes.len())
-            .rev()
-            .find(|i| self.scopes[*i].contains_key(name))
-    }
-
-    fn set_var(&mut self, name: &str, value: Ev) {
-        if let Some(i) = self.scope_of(name) {
-            if let Some(Binding::Var { value: v, .. }) = self.scopes[i].get_mut(name) {
-                *v = value;
+    fn static_assert(&mut self, cond: &ast::Expr, message: Option<&str>) {
+        match self.expr(cond) {
+            Ev::Bool(true) | Ev::Poison => {}
+            Ev::Bool(false) => {
+                let msg = message.unwrap_or("static assertion failed");
+                self.push(
+                    Diagnostic::error(
+                        ErrorCode::StaticAssert,
+                        cond.span,
+                        format!("static_assert failed: {msg}"),
+                    )
+                    .with_label_message("this is false"),
+                );
+            }
+            Ev::Value(_) => {
+                self.push(
+                    Diagnostic::error(
+                        ErrorCode::NotConstant,
+                        cond.span,
+                        "`static_assert` needs a compile-time condition",
+                    )
+                    .with_label_message("this depends on runtime values"),
+                );
+            }
+            other => {
+                let desc = self.describe(&other);
+                self.error(
+                    ErrorCode::TypeMismatch,
+                    cond.span,
+                    format!("`static_assert` needs a bool, found {desc}"),
+                );
             }
         }
     }
@@ -189,11 +213,23 @@ impl Checker<'_> {
     ) {
         let Some(b) = self.lookup(&target.name).cloned() else {
             let _ = self.expr(value);
-            self.error(
+            if self.poisoned.contains(&target.name) {
+                return;
+            }
+            let mut d = Diagnostic::error(
                 ErrorCode::UndefinedName,
                 target.span,
                 format!("cannot assign to `{}`: it is not defined", target.name),
-            );
+            )
+            .with_label_message("not found")
+            .with_note(format!(
+                "help: declare it first: `let mut {} = ...;`",
+                target.name
+            ));
+            if let Some(s) = super::scope::closest(&target.name, &self.visible_names()) {
+                d = d.with_note(format!("help: a binding with a similar name exists: `{s}`"));
+            }
+            self.push(d);
             return;
         };
         let (cur, def_span) = match b {
@@ -205,20 +241,26 @@ impl Checker<'_> {
             other => {
                 let _ = self.expr(value);
                 let sp = binding_span(&other);
+                let is_param = self.scope_index(&target.name) == Some(0);
+                let name = &target.name;
                 let (msg, help) = match other {
-                    Binding::Var { .. } => (
-                        format!(
-                            "cannot assign twice to immutable variable `{}`",
-                            target.name
-                        ),
-                        format!("help: declare it mutable: `let mut {}`", target.name),
+                    Binding::Var { .. } if !is_param => (
+                        format!("cannot assign twice to immutable variable `{name}`"),
+                        format!("help: declare it mutable: `let mut {name}`"),
                     ),
-                    _ => (
-                        format!(
-                            "cannot assign to `{}`: parameters are immutable",
-                            target.name
-                        ),
-                        "help: copy it into a `let mut` variable".to_string(),
+                    Binding::Var { .. } => (
+                        format!("cannot assign to `{name}`: parameters are immutable"),
+                        format!("help: copy it into a variable first: `let mut {name}2 = {name};`"),
+                    ),
+                    Binding::Tensor { .. } => (
+                        format!("cannot assign to `{name}`: it is a tensor parameter"),
+                        "help: write a tensor's elements with `store(...)` or `scatter(...)`"
+                            .to_string(),
+                    ),
+                    Binding::Generic { .. } => (
+                        format!("cannot assign to `{name}`: it is a compile-time parameter"),
+                        "help: compile-time parameters are constants; use a `let mut` variable"
+                            .to_string(),
                     ),
                 };
                 self.push(
@@ -239,7 +281,14 @@ impl Checker<'_> {
         let want = self.ty(curv);
         let converted = match &new {
             Ev::Poison => return,
-            Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) => self.coerce_to(&new, &want, value.span),
+            Ev::Int(_) | Ev::Float(_) | Ev::Bool(_)
+                if super::scalar_const(want.dtype(), &new).is_some() =>
+            {
+                match self.coerce_to(&new, &want, value.span) {
+                    Some(v) => Some(v),
+                    None => return,
+                }
+            }
             Ev::Value(v) => {
                 let t = self.ty(*v);
                 if t == want {
@@ -253,32 +302,43 @@ impl Checker<'_> {
             _ => None,
         };
         match converted {
-            Some(v) => self.set_var(&target.name, Ev::Value(v)),
+            Some(v) => {
+                self.name_value(v, &target.name);
+                self.set_var(&target.name, Ev::Value(v));
+            }
             None => {
                 let got = self.describe(&new);
-                self.push(
-                    Diagnostic::error(
-                        ErrorCode::TypeMismatch,
-                        value.span,
-                        format!("`{}` has type `{want}`, but this is {got}", target.name),
-                    )
-                    .with_label_message(format!("expected `{want}`"))
-                    .with_secondary(def_span, "variable defined here")
-                    .with_note(
-                        "a variable keeps its dtype and shape; assign a value of the same type",
-                    ),
-                );
+                let mut d = Diagnostic::error(
+                    ErrorCode::TypeMismatch,
+                    value.span,
+                    format!("`{}` has type `{want}`, but this is {got}", target.name),
+                )
+                .with_label_message(format!("expected `{want}`"))
+                .with_secondary(def_span, "variable defined here")
+                .with_note("a variable keeps its dtype and shape; assign a value of the same type");
+                if let Some(t) = self.ev_type(&new) {
+                    if t.dtype() != want.dtype() {
+                        d = d.with_note(format!("help: convert it: `(...) as {}`", want.dtype()));
+                    }
+                }
+                self.push(d);
             }
         }
     }
 
-    /// Mutable outer variables (holding values) that `block` assigns, in first-assignment order.
+    /// Index of the innermost scope binding `name`.
+    fn scope_index(&self, name: &str) -> Option<usize> {
+        self.scopes.iter().rposition(|s| s.contains_key(name))
+    }
+
+    /// Mutable outer variables (holding values) that `blocks` assign, in
+    /// first-assignment order.
     fn carried(&self, blocks: &[&ast::Block]) -> Vec<(String, ValueId)> {
         let mut names = Vec::new();
         for b in blocks {
             assigned_names(b, &mut names);
         }
-        let mut out = Vec::new();
+        let mut out: Vec<(String, ValueId)> = Vec::new();
         for n in names {
             if out.iter().any(|(m, _)| m == &n) {
                 continue;
@@ -295,6 +355,7 @@ impl Checker<'_> {
         out
     }
 
+    /// A loop bound: an `i32` scalar (integer constants become one).
     fn scalar_i32(&mut self, e: &ast::Expr, what: &str) -> Option<ValueId> {
         let v = self.expr(e);
         match &v {
@@ -303,14 +364,48 @@ impl Checker<'_> {
             Ev::Poison => None,
             other => {
                 let desc = self.describe(other);
-                self.error(
+                let mut d = Diagnostic::error(
                     ErrorCode::BadControlFlow,
                     e.span,
                     format!("the loop {what} must be an i32 scalar, found {desc}"),
                 );
+                if let Some(ValueType::Scalar(t)) = self.ev_type(other) {
+                    if t.is_int() {
+                        d = d.with_note("help: convert it: `(...) as i32`");
+                    }
+                }
+                self.push(d);
                 None
             }
         }
+    }
+
+    /// The loop step: a positive constant that fits in i32.
+    fn loop_step(&mut self, step: Option<&ast::Expr>) -> Option<i64> {
+        let Some(e) = step else { return Some(1) };
+        let msg = match self.expr(e) {
+            Ev::Int(i) if i > 0 && i <= i32::MAX as i128 => return Some(i as i64),
+            Ev::Poison => return None,
+            Ev::Int(i) if i <= 0 => format!("the loop step must be positive, found {i}"),
+            Ev::Int(i) => format!("the loop step {i} does not fit in i32"),
+            Ev::Value(_) => {
+                self.push(
+                    Diagnostic::error(
+                        ErrorCode::BadControlFlow,
+                        e.span,
+                        "the loop step must be a positive compile-time constant",
+                    )
+                    .with_label_message("not a constant"),
+                );
+                return None;
+            }
+            other => format!(
+                "the loop step must be a positive integer constant, found {}",
+                self.describe(&other)
+            ),
+        };
+        self.error(ErrorCode::BadControlFlow, e.span, msg);
+        None
     }
 
     fn for_loop(
@@ -324,54 +419,22 @@ impl Checker<'_> {
     ) {
         let lower = self.scalar_i32(start, "start");
         let upper = self.scalar_i32(end, "end");
-        let step_v = match step {
-            None => Some(1),
-            Some(e) => match self.expr(e) {
-                Ev::Int(i) if i > 0 && i <= i32::MAX as i128 => Some(i as i64),
-                Ev::Poison => None,
-                Ev::Int(i) => {
-                    self.error(
-                        ErrorCode::BadControlFlow,
-                        e.span,
-                        format!("the loop step must be positive, found {i}"),
-                    );
-                    None
-                }
-                _ => {
-                    self.push(
-                        Diagnostic::error(
-                            ErrorCode::BadControlFlow,
-                            e.span,
-                            "the loop step must be a positive compile-time constant",
-                        )
-                        .with_label_message("not a constant"),
-                    );
-                    None
-                }
-            },
+        let step_v = self.loop_step(step);
+        let step = match step_v {
+            Some(s) => self.materialize(&Ev::Int(s as i128), DType::I32, span),
+            None => None,
         };
-        let (Some(lower), Some(upper), Some(step_v)) = (lower, upper, step_v) else {
+        let (Some(lower), Some(upper), Some(step)) = (lower, upper, step) else {
             // Still check the body, for its own errors.
-            self.scopes.push(Default::default());
-            self.lower_block_stmts_detached(body);
-            self.scopes.pop();
-            return;
-        };
-        let Some(step) = self.materialize(&Ev::Int(step_v as i128), DType::I32, span) else {
+            self.lower_detached(body, Some(var));
             return;
         };
         let carried = self.carried(&[body]);
-        let iv = self.func.values.append(crate::ir::Value {
-            ty: ValueType::Scalar(DType::I32),
-            name: Some(var.name.clone()),
-        });
+        let iv = self.new_arg(ValueType::Scalar(DType::I32), &var.name);
         let mut args = vec![iv];
         for (n, v) in &carried {
             let ty = self.ty(*v);
-            let a = self.func.values.append(crate::ir::Value {
-                ty,
-                name: Some(n.clone()),
-            });
+            let a = self.new_arg(ty, n);
             args.push(a);
             self.set_var(n, Ev::Value(a));
         }
@@ -392,14 +455,8 @@ impl Checker<'_> {
         self.scopes.pop();
         let yields: Vec<ValueId> = carried
             .iter()
-            .zip(&args[1..])
-            .map(|((n, _), a)| match self.lookup(n) {
-                Some(Binding::Var {
-                    value: Ev::Value(v),
-                    ..
-                }) => *v,
-                _ => *a,
-            })
+            .zip(args.iter().skip(1))
+            .map(|((n, _), a)| self.var_value(n).unwrap_or(*a))
             .collect();
         self.emit(Op::Yield(yields), vec![], span);
         let body_block = self.blocks.pop().unwrap_or_default();
@@ -417,15 +474,28 @@ impl Checker<'_> {
             span,
         );
         for ((n, _), r) in carried.iter().zip(results) {
+            self.name_value(r, n);
             self.set_var(n, Ev::Value(r));
         }
     }
 
-    /// Checks statements for errors without keeping their IR (used after an error in a
-    /// loop header, so the body's own errors are still reported).
-    fn lower_block_stmts_detached(&mut self, body: &ast::Block) {
+    /// Checks statements for errors without keeping their IR or their effect on outer
+    /// variables (after an error in a loop header or `if` condition, so the body's own
+    /// errors are still reported).
+    fn lower_detached(&mut self, body: &ast::Block, var: Option<&ast::Ident>) {
         self.blocks.push(Block::default());
-        let saved: Vec<_> = self.scopes.clone();
+        let saved = self.scopes.clone();
+        self.scopes.push(Default::default());
+        if let Some(var) = var {
+            self.bind(
+                &var.name,
+                Binding::Var {
+                    value: Ev::Poison,
+                    mutable: false,
+                    span: var.span,
+                },
+            );
+        }
         self.lower_block_stmts(body);
         self.scopes = saved;
         let _ = self.blocks.pop();
@@ -438,20 +508,17 @@ impl Checker<'_> {
         else_block: Option<&ast::Block>,
         span: Span,
     ) {
-        let c = self.expr(cond);
-        let c = match c {
+        let c = match self.expr(cond) {
             Ev::Bool(b) => {
                 // A compile-time condition: only the taken branch exists.
                 let taken = if b { Some(then_block) } else { else_block };
                 if let Some(blk) = taken {
-                    self.scopes.push(Default::default());
-                    self.lower_block_stmts(blk);
-                    self.scopes.pop();
+                    self.scoped_block(blk);
                 }
                 return;
             }
-            Ev::Value(v) if self.ty(v) == ValueType::Scalar(DType::Bool) => v,
-            Ev::Poison => return,
+            Ev::Value(v) if self.ty(v) == ValueType::Scalar(DType::Bool) => Some(v),
+            Ev::Poison => None,
             Ev::Value(v) => {
                 let t = self.ty(v);
                 let mut d = Diagnostic::error(
@@ -462,9 +529,11 @@ impl Checker<'_> {
                 .with_label_message("not a scalar bool");
                 if t.shape().is_some() {
                     d = d.with_note("help: choose per element with `where(cond, a, b)`, or reduce the condition first");
+                } else if t.dtype() != DType::Bool {
+                    d = d.with_note("help: compare to get a bool, e.g. `n != 0`");
                 }
                 self.push(d);
-                return;
+                None
             }
             other => {
                 let desc = self.describe(&other);
@@ -473,31 +542,28 @@ impl Checker<'_> {
                     cond.span,
                     format!("an `if` condition must be a scalar `bool`, found {desc}"),
                 );
-                return;
+                None
             }
         };
+        let Some(c) = c else {
+            self.lower_detached(then_block, None);
+            if let Some(e) = else_block {
+                self.lower_detached(e, None);
+            }
+            return;
+        };
         let mut branches: Vec<&ast::Block> = vec![then_block];
-        if let Some(e) = else_block {
-            branches.push(e);
-        }
+        branches.extend(else_block);
         let carried = self.carried(&branches);
         let mut bodies = Vec::new();
         for blk in [Some(then_block), else_block] {
             self.blocks.push(Block::default());
             if let Some(blk) = blk {
-                self.scopes.push(Default::default());
-                self.lower_block_stmts(blk);
-                self.scopes.pop();
+                self.scoped_block(blk);
             }
             let yields: Vec<ValueId> = carried
                 .iter()
-                .map(|(n, init)| match self.lookup(n) {
-                    Some(Binding::Var {
-                        value: Ev::Value(v),
-                        ..
-                    }) => *v,
-                    _ => *init,
-                })
+                .map(|(n, init)| self.var_value(n).unwrap_or(*init))
                 .collect();
             self.emit(Op::Yield(yields), vec![], span);
             bodies.push(self.blocks.pop().unwrap_or_default());
@@ -518,12 +584,13 @@ impl Checker<'_> {
             span,
         );
         for ((n, _), r) in carried.iter().zip(results) {
+            self.name_value(r, n);
             self.set_var(n, Ev::Value(r));
         }
     }
 }
 
-/// Names assigned anywhere in a block (nested blocks included).
+/// Names assigned anywhere in a block (nested blocks included), in order.
 fn assigned_names(b: &ast::Block, out: &mut Vec<String>) {
     for s in &b.stmts {
         match s {
