@@ -4,6 +4,7 @@
 //! `#[kernel]` macro.
 
 pub use kgen_core as core;
+pub use kgen_macros::kernel;
 pub use kgen_runtime as runtime;
 
 pub mod bundled;

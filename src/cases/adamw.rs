@@ -82,11 +82,13 @@ impl AdamWConfig {
     }
 }
 
+/// One row of the case table: (T, S, n, step, lr, wd, maximize, beta2, BLOCK).
+type CaseRow = (DType, DType, usize, u64, f64, f64, bool, f64, usize);
+
 pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     use DType::*;
     let mut v = Vec::new();
-    // (T, S, n, step, lr, wd, maximize, beta2, BLOCK)
-    let quick: &[(DType, DType, usize, u64, f64, f64, bool, f64, usize)] = &[
+    let quick: &[CaseRow] = &[
         (F32, F32, 4097, 1, 1e-3, 1e-2, false, 0.999, 1024),
         (F32, F32, 1000, 10, 1e-3, 0.0, true, 0.999, 1024),
         (F32, F32, 7, 1000, 1e-2, 0.1, false, 0.95, 1024),
@@ -116,7 +118,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         push(t, s, n, step, lr, wd, mx, b2, blk);
     }
     if sizes == SizeSet::Full {
-        let full: &[(DType, DType, usize, u64, f64, f64, bool, f64, usize)] = &[
+        let full: &[CaseRow] = &[
             (F32, F32, 1_000_003, 7, 1e-3, 1e-2, false, 0.999, 1024),
             (BF16, BF16, 262_147, 50, 6e-4, 0.1, false, 0.95, 2048),
             (BF16, F32, 262_147, 2, 6e-4, 0.1, true, 0.95, 1024),

@@ -17,6 +17,7 @@
 
 pub mod ast;
 mod parse;
+pub mod print;
 #[cfg(test)]
 mod tests;
 
