@@ -17,12 +17,19 @@ use kgen_core::{Arch, CompileOptions, SourceFile};
 
 pub mod adamw;
 pub mod compare;
+pub mod cross_entropy;
 pub mod layernorm;
+pub mod matmul;
+pub mod norm_bwd;
+pub mod optim;
+pub mod relu;
 pub mod rmsnorm;
 pub mod rng;
+pub mod rope;
 pub mod softmax;
 pub mod sources;
 pub mod sumsq;
+pub mod swiglu;
 pub mod vec_add;
 
 pub use compare::{
@@ -156,6 +163,13 @@ pub fn all_cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     v.extend(layernorm::cases(seed, sizes));
     v.extend(adamw::cases(seed, sizes));
     v.extend(sumsq::cases(seed, sizes));
+    v.extend(norm_bwd::cases(seed, sizes));
+    v.extend(swiglu::cases(seed, sizes));
+    v.extend(relu::cases(seed, sizes));
+    v.extend(rope::cases(seed, sizes));
+    v.extend(cross_entropy::cases(seed, sizes));
+    v.extend(optim::cases(seed, sizes));
+    v.extend(matmul::cases(seed, sizes));
     v
 }
 
