@@ -9,3 +9,5 @@ pub use kgen_runtime as runtime;
 
 pub mod bundled;
 pub mod cases;
+pub mod ops;
+pub mod optim;

@@ -1,451 +1,358 @@
-//! The GPU: context, module loading (driver JIT of kgen's PTX) and launches.
+//! [`Device`] (a CUDA GPU or the interpreter, one API) and [`Stream`].
+//!
+//! A `Device` is a cheap handle (`Clone` shares it). On a GPU it owns a cudarc context and
+//! its default stream; allocations and copies are ordered on that stream, kernels launch
+//! on whichever [`Stream`] the caller passes (the default one, a new one, or a cudarc
+//! stream of the caller's own, e.g. candle's). Streams are not synchronized with each
+//! other by the runtime: as in torch, a tensor used on two streams needs the caller's
+//! ordering (`Stream::synchronize` or cudarc events).
+//!
+//! On the interpreter every launch runs to completion on the calling thread, on
+//! host memory, with the GPU's semantics (`kgen_core::interp`). It is slow and exact, and
+//! [`Device::describe`] says which one you have.
 
 use crate::error::{DriverResultExt, RuntimeError};
-use crate::validate::{pack_params, validate_args};
-use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
-use cudarc::nvrtc::Ptx;
-use kgen_core::abi::{CompiledKernel, SourceParam};
-use kgen_core::host::ArgValue;
-use kgen_core::target::Arch;
-use std::collections::HashMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use crate::gpu::{guarded, Gpu};
+use crate::kernel::{Kernel, KernelCache};
+use crate::tensor::{Element, Memory, Tensor};
+use cudarc::driver::{result, sys, CudaStream};
+use kgen_core::host::HostTensor;
+use kgen_core::types::DType;
+use kgen_core::Arch;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// What the device is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceInfo {
-    pub ordinal: usize,
-    pub name: String,
-    /// Compute capability (major, minor).
-    pub compute_capability: (u32, u32),
-    /// The kgen target for it, when kgen supports the device.
-    pub arch: Option<Arch>,
-    pub sm_count: u32,
-    pub total_mem_bytes: u64,
-    /// The largest dynamic shared memory a block may opt in to.
-    pub max_shared_per_block_optin: u32,
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) enum Backend {
+    Cuda(Gpu),
+    Interpreter,
 }
 
-impl std::fmt::Display for DeviceInfo {
+pub(crate) struct DeviceInner {
+    pub(crate) id: u64,
+    pub(crate) backend: Backend,
+    pub(crate) kernels: KernelCache,
+    /// Why the interpreter was chosen, when `Device::best` fell back to it.
+    pub(crate) fallback_reason: Option<String>,
+    pub(crate) uploads: Mutex<Option<crate::upload::PinnedRing>>,
+}
+
+/// A CUDA GPU or the interpreter.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "GPU {}: {} (compute capability {}.{}, {} SMs, {:.1} GiB) -> {}",
-            self.ordinal,
-            self.name,
-            self.compute_capability.0,
-            self.compute_capability.1,
-            self.sm_count,
-            self.total_mem_bytes as f64 / (1u64 << 30) as f64,
-            match self.arch {
-                Some(a) => format!("kgen target {a}"),
-                None => "not a kgen target (kgen targets sm_80 and sm_90a)".to_string(),
-            }
-        )
+        write!(f, "Device({})", self.describe())
     }
 }
 
-/// Whether the CUDA driver library can be loaded on this machine. Never panics.
-pub fn driver_present() -> bool {
-    catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
-}
-
-/// Runs `f`, turning a panic in the bindings (a missing driver symbol) into an error.
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, RuntimeError>) -> Result<T, RuntimeError> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "unknown panic".to_string());
-            Err(RuntimeError::Bindings(format!("{what}: {msg}")))
+impl Device {
+    fn from_backend(backend: Backend, fallback_reason: Option<String>) -> Device {
+        Device {
+            inner: Arc::new(DeviceInner {
+                id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
+                backend,
+                kernels: KernelCache::from_env(),
+                fallback_reason,
+                uploads: Mutex::new(None),
+            }),
         }
     }
-}
 
-/// One CUDA device with a context and a stream. Loaded modules are kept for the Gpu's
-/// life (a kernel loaded twice is JIT-compiled once).
-pub struct Gpu {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    info: DeviceInfo,
-    modules: Mutex<HashMap<(String, String), Arc<CudaModule>>>,
-}
-
-impl std::fmt::Debug for Gpu {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gpu").field("info", &self.info).finish()
-    }
-}
-
-/// A kernel whose PTX the driver has loaded.
-#[derive(Debug)]
-pub struct LoadedKernel {
-    pub kernel: CompiledKernel,
-    func: CudaFunction,
-    /// Registers per thread the driver's JIT allocated.
-    pub num_regs: u32,
-    /// Local memory per thread (spills); 0 for a healthy kernel.
-    pub local_bytes: u32,
-}
-
-/// What one launch measured.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RunStats {
-    /// Kernel time by CUDA events (0 when nothing was launched).
-    pub kernel_ms: f32,
-    /// False when the grid was empty and no launch happened.
-    pub launched: bool,
-}
-
-impl Gpu {
-    /// Opens device `ordinal`. Without a CUDA driver (a machine with no GPU) this returns
-    /// [`RuntimeError::NoDriver`]; it never panics.
-    pub fn new(ordinal: usize) -> Result<Gpu, RuntimeError> {
-        if !driver_present() {
-            return Err(RuntimeError::NoDriver(
-                "the CUDA driver library (libcuda.so) was not found; this machine has no NVIDIA GPU driver".to_string(),
-            ));
-        }
-        guarded("opening the device", || Gpu::open(ordinal))
-    }
-
-    fn open(ordinal: usize) -> Result<Gpu, RuntimeError> {
-        use sys::CUdevice_attribute as A;
-        if let Err(e) = cudarc::driver::result::init() {
-            return Err(match e.0 {
-                sys::CUresult::CUDA_ERROR_NO_DEVICE => {
-                    RuntimeError::NoDevice(format!("the driver reports no device ({e})"))
-                }
-                _ => RuntimeError::Driver {
-                    op: "cuInit",
-                    err: e,
-                },
-            });
-        }
-        let count = CudaContext::device_count().op("cuDeviceGetCount")?;
-        if count <= 0 || ordinal >= count as usize {
+    /// CUDA device `ordinal`. Without a driver or device this is an error
+    /// ([`RuntimeError::NoDriver`] / [`RuntimeError::NoDevice`]); it never panics. A GPU
+    /// kgen does not target (neither sm_80-class nor sm_90) is refused as well.
+    pub fn cuda(ordinal: usize) -> Result<Device, RuntimeError> {
+        let gpu = Gpu::new(ordinal)?;
+        if gpu.arch().is_none() {
             return Err(RuntimeError::NoDevice(format!(
-                "device {ordinal} requested, the driver reports {count} device(s)"
+                "{}: kgen targets sm_80 and sm_90a",
+                gpu.info()
             )));
         }
-        let ctx = CudaContext::new(ordinal).op("creating the context")?;
-        let name = ctx.name().op("cuDeviceGetName")?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .op("reading the compute capability")?;
-        let sm_count = ctx
-            .attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .op("cuDeviceGetAttribute")?;
-        let optin = ctx
-            .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .op("cuDeviceGetAttribute")?;
-        let total = ctx.total_mem().op("cuDeviceTotalMem")?;
-        let stream = ctx.default_stream();
-        let info = DeviceInfo {
-            ordinal,
-            name,
-            compute_capability: (major.max(0) as u32, minor.max(0) as u32),
-            arch: Arch::for_compute_capability(major.max(0) as u32, minor.max(0) as u32),
-            sm_count: sm_count.max(0) as u32,
-            total_mem_bytes: total as u64,
-            max_shared_per_block_optin: optin.max(0) as u32,
+        Ok(Device::from_backend(Backend::Cuda(gpu), None))
+    }
+
+    /// The CPU interpreter: the same API and results, slowly.
+    pub fn interpreter() -> Device {
+        Device::from_backend(Backend::Interpreter, None)
+    }
+
+    /// GPU 0 when there is a usable one, otherwise the interpreter. The second value is
+    /// `Some(why)` when it fell back, for the caller to print.
+    pub fn best() -> (Device, Option<String>) {
+        match Device::cuda(0) {
+            Ok(d) => (d, None),
+            Err(e) => {
+                let why = format!("no usable GPU ({e}); running on the kgen interpreter");
+                (
+                    Device::from_backend(Backend::Interpreter, Some(why.clone())),
+                    Some(why),
+                )
+            }
+        }
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.inner.backend, Backend::Cuda(_))
+    }
+
+    /// The underlying GPU handle (GPU devices only).
+    pub fn gpu(&self) -> Option<&Gpu> {
+        match &self.inner.backend {
+            Backend::Cuda(g) => Some(g),
+            Backend::Interpreter => None,
+        }
+    }
+
+    /// The compile target: the GPU's, or sm_90a for the interpreter (whose input is the
+    /// target-independent IR; the arch only selects the specialization).
+    pub fn arch(&self) -> Arch {
+        self.gpu().and_then(|g| g.arch()).unwrap_or(Arch::Sm90a)
+    }
+
+    /// One line: the GPU and its target, or the interpreter and why.
+    pub fn describe(&self) -> String {
+        match &self.inner.backend {
+            Backend::Cuda(g) => g.info().to_string(),
+            Backend::Interpreter => match &self.inner.fallback_reason {
+                Some(why) => format!("kgen interpreter ({why})"),
+                None => "kgen interpreter".to_string(),
+            },
+        }
+    }
+
+    /// Whether two handles are the same device.
+    pub fn same(&self, other: &Device) -> bool {
+        self.inner.id == other.inner.id
+    }
+
+    /// The device's default stream.
+    pub fn stream(&self) -> Stream {
+        Stream {
+            device: self.clone(),
+            cuda: self.gpu().map(|g| g.stream.clone()),
+        }
+    }
+
+    /// A new stream (on the interpreter, another handle to the same in-order queue).
+    pub fn new_stream(&self) -> Result<Stream, RuntimeError> {
+        let cuda = match self.gpu() {
+            Some(g) => Some(guarded("creating a stream", || {
+                g.ctx.new_stream().op("cuStreamCreate")
+            })?),
+            None => None,
         };
-        Ok(Gpu {
-            ctx,
-            stream,
-            info,
-            modules: Mutex::new(HashMap::new()),
+        Ok(Stream {
+            device: self.clone(),
+            cuda,
         })
     }
 
-    pub fn info(&self) -> &DeviceInfo {
-        &self.info
+    pub(crate) fn cuda_stream_raw(&self) -> sys::CUstream {
+        self.gpu()
+            .map(|g| g.stream.cu_stream())
+            .unwrap_or(std::ptr::null_mut())
     }
 
-    /// The kgen target to compile for on this device, if kgen supports it.
-    pub fn arch(&self) -> Option<Arch> {
-        self.info.arch
+    /// Waits until all work on the device's default stream is done.
+    pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        match self.gpu() {
+            Some(g) => g.stream.synchronize().op("cuStreamSynchronize"),
+            None => Ok(()),
+        }
     }
 
-    /// Loads a compiled kernel through the driver's PTX JIT. A JIT failure comes back as
-    /// [`RuntimeError::PtxLoad`] with the JIT's error log.
-    pub fn load(&self, kernel: &CompiledKernel) -> Result<LoadedKernel, RuntimeError> {
-        guarded("loading a module", || self.load_inner(kernel))
-    }
-
-    fn load_inner(&self, kernel: &CompiledKernel) -> Result<LoadedKernel, RuntimeError> {
-        let entry = kernel.entry.clone();
-        let incompatible = |why: String| RuntimeError::Incompatible {
-            entry: entry.clone(),
-            why,
-        };
-        if kernel.arch == Arch::Sm90a && self.info.compute_capability != (9, 0) {
-            return Err(incompatible(format!(
-                "it was compiled for sm_90a, the device is compute capability {}.{}",
-                self.info.compute_capability.0, self.info.compute_capability.1
-            )));
-        }
-        if kernel.ptx.contains('\0') || entry.contains('\0') {
-            return Err(incompatible(
-                "the PTX text or entry name holds a NUL byte".into(),
-            ));
-        }
-        let key = (entry.clone(), kernel.ptx.clone());
-        let cached = self.modules.lock().ok().and_then(|m| m.get(&key).cloned());
-        let module = match cached {
-            Some(m) => m,
-            None => {
-                let m = match self.ctx.load_module(Ptx::from_src(kernel.ptx.clone())) {
-                    Ok(m) => m,
-                    Err(err) => {
-                        return Err(RuntimeError::PtxLoad {
-                            entry,
-                            err,
-                            log: jit_error_log(&self.ctx, &kernel.ptx),
-                        })
-                    }
-                };
-                if let Ok(mut map) = self.modules.lock() {
-                    map.insert(key, m.clone());
-                }
-                m
-            }
-        };
-        let func = module.load_function(&entry).op("cuModuleGetFunction")?;
-        self.ctx.bind_to_thread().op("binding the context")?;
-        // The PTX's parameter list must be the ABI's.
-        check_param_layout(&func, kernel).map_err(&incompatible)?;
-        let launch = kernel.launch;
-        if launch.threads_per_block == 0 || launch.threads_per_block > 1024 {
-            return Err(incompatible(format!(
-                "{} threads per block",
-                launch.threads_per_block
-            )));
-        }
-        let smem = launch.dynamic_shared_bytes as u64 + launch.static_shared_bytes as u64;
-        if smem > self.info.max_shared_per_block_optin as u64 {
-            return Err(incompatible(format!(
-                "it needs {smem} bytes of shared memory, the device offers {} per block",
-                self.info.max_shared_per_block_optin
-            )));
-        }
-        if launch.dynamic_shared_bytes > 0 {
-            func.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                launch.dynamic_shared_bytes as i32,
-            )
-            .op("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
-        }
-        let max_threads = func.max_threads_per_block().op("cuFuncGetAttribute")?;
-        if (launch.threads_per_block as i64) > max_threads as i64 {
-            return Err(incompatible(format!(
-                "{} threads per block, but with its register use the device allows at most {max_threads}",
-                launch.threads_per_block
-            )));
-        }
-        let num_regs = func.num_regs().op("cuFuncGetAttribute")?.max(0) as u32;
-        let local_bytes = func.local_size_bytes().op("cuFuncGetAttribute")?.max(0) as u32;
-        Ok(LoadedKernel {
-            kernel: kernel.clone(),
-            func,
-            num_regs,
-            local_bytes,
-        })
-    }
-
-    /// Runs a loaded kernel over `grid` on host arguments: checks them against the ABI
-    /// (before anything touches the GPU), copies every tensor to the device, launches,
-    /// synchronizes and copies back the tensors the kernel writes. A grid with a zero
-    /// extent launches nothing.
-    pub fn run(
-        &self,
-        k: &LoadedKernel,
-        grid: [u32; 3],
-        args: &mut [ArgValue],
-    ) -> Result<RunStats, RuntimeError> {
-        validate_args(&k.kernel.entry, &k.kernel.abi, args)?;
-        check_grid(grid)?;
-        if grid.contains(&0) {
-            return Ok(RunStats {
-                kernel_ms: 0.0,
-                launched: false,
-            });
-        }
-        guarded("launching", || self.run_inner(k, grid, args))
-    }
-
-    fn run_inner(
-        &self,
-        k: &LoadedKernel,
-        grid: [u32; 3],
-        args: &mut [ArgValue],
-    ) -> Result<RunStats, RuntimeError> {
-        self.ctx.bind_to_thread().op("binding the context")?;
-        let stream = &self.stream;
-        // Device copies of every tensor, whole storage (outputs keep their poison).
-        let mut buffers: Vec<Option<CudaSlice<u8>>> = Vec::with_capacity(args.len());
-        let mut ptrs: Vec<u64> = Vec::with_capacity(args.len());
-        for a in args.iter() {
-            match a {
-                ArgValue::Tensor(t) => {
-                    // Never allocate 0 bytes; pad to a whole 16 bytes so vector accesses
-                    // at the end of a view stay inside the allocation.
-                    let len = t.data.len().max(1).div_ceil(16) * 16;
-                    let mut buf = unsafe { stream.alloc::<u8>(len) }.op("cuMemAlloc")?;
-                    if !t.data.is_empty() {
-                        let mut view = buf.slice_mut(0..t.data.len());
-                        stream
-                            .memcpy_htod(&t.data[..], &mut view)
-                            .op("cuMemcpyHtoD")?;
-                    }
-                    let ptr = {
-                        let (ptr, _sync) =
-                            cudarc::driver::DevicePtr::device_ptr(&buf, stream.as_ref());
-                        ptr
-                    };
-                    ptrs.push(ptr);
-                    buffers.push(Some(buf));
-                }
-                ArgValue::Scalar(_) => {
-                    ptrs.push(0);
-                    buffers.push(None);
-                }
-            }
-        }
-        let values =
-            pack_params(&k.kernel.abi, args, &ptrs).map_err(|why| RuntimeError::Incompatible {
-                entry: k.kernel.entry.clone(),
-                why,
-            })?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid[0], grid[1], grid[2]),
-            block_dim: (k.kernel.launch.threads_per_block, 1, 1),
-            shared_mem_bytes: k.kernel.launch.dynamic_shared_bytes,
-        };
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self.ctx.new_event(flags).op("cuEventCreate")?;
-        let end = self.ctx.new_event(flags).op("cuEventCreate")?;
-        stream
-            .synchronize()
-            .op("cuStreamSynchronize (after the copies in)")?;
-        start.record(stream).op("cuEventRecord")?;
-        {
-            let mut b = stream.launch_builder(&k.func);
-            for v in &values {
-                b.arg(v);
-            }
-            unsafe { b.launch(cfg) }.op("cuLaunchKernel")?;
-        }
-        end.record(stream).op("cuEventRecord")?;
-        stream
-            .synchronize()
-            .op("cuStreamSynchronize after the kernel (the kernel failed)")?;
-        let kernel_ms = start.elapsed_ms(&end).op("cuEventElapsedTime")?;
-        for (i, (p, a)) in k
-            .kernel
-            .abi
-            .source_params
+    /// A contiguous tensor whose contents are unspecified (fresh device memory).
+    pub fn empty(&self, dtype: DType, shape: &[usize]) -> Result<Tensor, RuntimeError> {
+        let n = shape
             .iter()
-            .zip(args.iter_mut())
-            .enumerate()
-        {
-            if let (SourceParam::Tensor { written: true, .. }, ArgValue::Tensor(t)) = (p, a) {
-                if let Some(buf) = &buffers[i] {
-                    if !t.data.is_empty() {
-                        let view = buf.slice(0..t.data.len());
-                        stream
-                            .memcpy_dtoh(&view, &mut t.data[..])
-                            .op("cuMemcpyDtoH")?;
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.size_bytes() as usize))
+            .ok_or_else(|| {
+                RuntimeError::InvalidView(format!("shape {shape:?} overflows the address space"))
+            })?;
+        // Padded to whole 16-byte vectors, never 0 bytes.
+        let bytes = n.max(1).div_ceil(16) * 16;
+        let mem = match &self.inner.backend {
+            Backend::Cuda(g) => guarded("allocating", || {
+                g.ctx.bind_to_thread().op("binding the context")?;
+                let stream_ordered = g.ctx.has_async_alloc();
+                let ptr = unsafe {
+                    if stream_ordered {
+                        result::malloc_async(g.stream.cu_stream(), bytes)
+                    } else {
+                        result::malloc_sync(bytes)
                     }
                 }
-            }
+                .op("cuMemAlloc")?;
+                Ok(Memory::Cuda {
+                    ptr,
+                    bytes,
+                    stream: g.stream.clone(),
+                    ctx: g.ctx.clone(),
+                    stream_ordered,
+                })
+            })?,
+            Backend::Interpreter => Memory::Host(Mutex::new(vec![0u8; bytes])),
+        };
+        Ok(Tensor::new_contiguous(
+            Arc::new(mem),
+            self.clone(),
+            dtype,
+            shape,
+        ))
+    }
+
+    /// A contiguous tensor of zeros.
+    pub fn zeros(&self, dtype: DType, shape: &[usize]) -> Result<Tensor, RuntimeError> {
+        let t = self.empty(dtype, shape)?;
+        t.fill_zero()?;
+        Ok(t)
+    }
+
+    /// A contiguous device copy of a host tensor.
+    pub fn from_host(&self, h: &HostTensor) -> Result<Tensor, RuntimeError> {
+        let t = self.empty(h.dtype, &h.shape)?;
+        t.copy_from_host(h)?;
+        Ok(t)
+    }
+
+    /// A tensor of `dtype` holding `values` (row-major) rounded to the dtype.
+    pub fn from_f64(
+        &self,
+        dtype: DType,
+        shape: &[usize],
+        values: &[f64],
+    ) -> Result<Tensor, RuntimeError> {
+        let n: usize = shape.iter().product();
+        if values.len() != n {
+            return Err(RuntimeError::Transfer(format!(
+                "{} values for shape {shape:?} ({n} elements)",
+                values.len()
+            )));
         }
-        stream
-            .synchronize()
-            .op("cuStreamSynchronize (after the copies out)")?;
-        drop(buffers);
-        Ok(RunStats {
-            kernel_ms,
-            launched: true,
+        self.from_host(&HostTensor::from_f64(dtype, shape, values))
+    }
+
+    /// A tensor holding `values` (row-major), dtype from the element type.
+    pub fn from_slice<E: Element>(
+        &self,
+        shape: &[usize],
+        values: &[E],
+    ) -> Result<Tensor, RuntimeError> {
+        let n: usize = shape.iter().product();
+        if values.len() != n {
+            return Err(RuntimeError::Transfer(format!(
+                "{} values for shape {shape:?} ({n} elements)",
+                values.len()
+            )));
+        }
+        let mut bytes = Vec::with_capacity(n * E::DTYPE.size_bytes() as usize);
+        for v in values {
+            v.write_le(&mut bytes);
+        }
+        let t = self.empty(E::DTYPE, shape)?;
+        t.write_bytes(&bytes)?;
+        Ok(t)
+    }
+
+    /// Compiles (or takes from the memory or disk cache) and loads one specialization of
+    /// a kernel for this device. `opts.arch` is replaced by the device's.
+    pub fn kernel(
+        &self,
+        file: &kgen_core::SourceFile,
+        opts: &kgen_core::CompileOptions,
+    ) -> Result<Arc<Kernel>, RuntimeError> {
+        crate::kernel::get_or_build(self, file, opts)
+    }
+
+    /// Kernel-cache counters (memory hits, disk hits, compiles, rebuilt entries).
+    pub fn cache_stats(&self) -> crate::kernel::CacheStats {
+        self.inner.kernels.stats()
+    }
+}
+
+/// An ordered queue of work on a device.
+#[derive(Clone)]
+pub struct Stream {
+    pub(crate) device: Device,
+    pub(crate) cuda: Option<Arc<CudaStream>>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stream({})", self.device.describe())
+    }
+}
+
+impl Stream {
+    /// Runs kgen work on a cudarc stream you created (candle's, your own). It must belong
+    /// to this device's context.
+    pub fn from_cudarc(device: &Device, stream: Arc<CudaStream>) -> Result<Stream, RuntimeError> {
+        let Some(g) = device.gpu() else {
+            return Err(RuntimeError::WrongDevice(
+                "a cudarc stream cannot drive the interpreter device".into(),
+            ));
+        };
+        if stream.context().cu_ctx() != g.ctx.cu_ctx() {
+            return Err(RuntimeError::WrongDevice(
+                "the cudarc stream belongs to another CUDA context than this device".into(),
+            ));
+        }
+        Ok(Stream {
+            device: device.clone(),
+            cuda: Some(stream),
         })
     }
-}
 
-/// Grid limits of every CUDA device kgen targets.
-pub fn check_grid(grid: [u32; 3]) -> Result<(), RuntimeError> {
-    if grid[0] > i32::MAX as u32 || grid[1] > 65535 || grid[2] > 65535 {
-        return Err(RuntimeError::LaunchConfig(format!(
-            "grid {grid:?} exceeds the limits (2^31-1, 65535, 65535)"
-        )));
+    pub fn device(&self) -> &Device {
+        &self.device
     }
-    Ok(())
-}
 
-/// Compares the PTX entry's parameter list (as the driver sees it, through
-/// cuFuncGetParamInfo, CUDA 12.4+) with the ABI. Accepts silently when the driver cannot
-/// tell. Only the ABI's parameters are probed: probing one past the end would be an API
-/// error by design, which compute-sanitizer rightly reports.
-fn check_param_layout(func: &CudaFunction, kernel: &CompiledKernel) -> Result<(), String> {
-    let f = func.cu_function();
-    let n = kernel.abi.params.len();
-    for i in 0..n {
-        let (mut off, mut size) = (0usize, 0usize);
-        let r = unsafe { sys::cuFuncGetParamInfo(f, i, &mut off, &mut size) };
-        let ok = r == sys::CUresult::CUDA_SUCCESS;
-        if !ok {
-            if i == 0 {
-                return Ok(()); // not supported by this driver (or no parameters at all)
-            }
-            return Err(format!(
-                "the PTX entry has {i} parameter(s), the ABI lists {n}"
-            ));
-        }
-        let p = &kernel.abi.params[i];
-        if size != p.size as usize {
-            return Err(format!(
-                "PTX parameter {i} (`{}`) has {size} bytes, the ABI says {}",
-                p.ptx_name, p.size
-            ));
+    /// The cudarc stream (GPU devices).
+    pub fn cudarc(&self) -> Option<&Arc<CudaStream>> {
+        self.cuda.as_ref()
+    }
+
+    pub(crate) fn raw(&self) -> sys::CUstream {
+        self.cuda
+            .as_ref()
+            .map(|s| s.cu_stream())
+            .unwrap_or(std::ptr::null_mut())
+    }
+
+    /// Waits for everything queued on this stream.
+    pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        match &self.cuda {
+            Some(s) => s.synchronize().op("cuStreamSynchronize"),
+            None => Ok(()),
         }
     }
-    Ok(())
-}
 
-/// Loads the PTX again with an error-log buffer to recover the JIT's message.
-fn jit_error_log(ctx: &Arc<CudaContext>, ptx: &str) -> String {
-    let Ok(src) = std::ffi::CString::new(ptx) else {
-        return String::new();
-    };
-    if ctx.bind_to_thread().is_err() {
-        return String::new();
-    }
-    const N: usize = 16 * 1024;
-    let mut log = vec![0u8; N];
-    let mut options = [
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-    ];
-    let mut values: [*mut std::ffi::c_void; 2] = [log.as_mut_ptr() as *mut _, N as *mut _];
-    let mut module: sys::CUmodule = std::ptr::null_mut();
-    let r = unsafe {
-        sys::cuModuleLoadDataEx(
-            &mut module,
-            src.as_ptr() as *const _,
-            options.len() as u32,
-            options.as_mut_ptr(),
-            values.as_mut_ptr(),
-        )
-    };
-    if r == sys::CUresult::CUDA_SUCCESS && !module.is_null() {
-        unsafe {
-            let _ = sys::cuModuleUnload(module);
+    /// Makes this stream wait (on the device, not the host) for the work queued so far
+    /// on `other`.
+    pub fn wait_for(&self, other: &Stream) -> Result<(), RuntimeError> {
+        match (&self.cuda, &other.cuda) {
+            (Some(a), Some(b)) => a.join(b).op("cuStreamWaitEvent"),
+            _ => Ok(()),
         }
     }
-    let end = log.iter().position(|&b| b == 0).unwrap_or(N);
-    String::from_utf8_lossy(&log[..end]).into_owned()
+
+    /// Copies a small host buffer into a device tensor (contiguous, exactly that many
+    /// bytes) without synchronizing the host: the bytes are staged in pinned memory and
+    /// copied asynchronously on this stream. Made for per-step parameter tables.
+    pub fn upload_async(&self, dst: &Tensor, bytes: &[u8]) -> Result<(), RuntimeError> {
+        crate::upload::upload_async(self, dst, bytes)
+    }
+
+    /// [`Stream::upload_async`] of f32 values.
+    pub fn upload_f32_async(&self, dst: &Tensor, values: &[f32]) -> Result<(), RuntimeError> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.upload_async(dst, &bytes)
+    }
 }

@@ -94,6 +94,22 @@ pub enum RuntimeError {
     /// The grid or block shape is outside what the hardware launches.
     #[error("bad launch configuration: {0}")]
     LaunchConfig(String),
+    /// A tensor or stream used with another device than the one it belongs to.
+    #[error("wrong device: {0}")]
+    WrongDevice(String),
+    /// A view that does not fit its tensor (narrow out of range, reshape of a
+    /// non-contiguous tensor, ...).
+    #[error("invalid view: {0}")]
+    InvalidView(String),
+    /// A copy between tensors or host buffers that do not match.
+    #[error("bad copy: {0}")]
+    Transfer(String),
+    /// The kernel did not compile (the rendered diagnostics).
+    #[error("the kernel did not compile:\n{0}")]
+    Compile(String),
+    /// The interpreter backend failed (an out-of-range access it caught, ...).
+    #[error("interpreter: {0}")]
+    Interpreter(String),
     /// A panic inside the driver bindings, caught (e.g. a missing driver symbol).
     #[error("the CUDA bindings failed: {0}")]
     Bindings(String),

@@ -1,24 +1,55 @@
-//! kgen-runtime: loads kgen's PTX through the CUDA driver (cudarc, dynamic loading) and
-//! launches it on host tensors.
+//! kgen-runtime: compiles, caches, loads and launches kgen kernels through the CUDA
+//! driver (cudarc, dynamic loading: building needs no CUDA, running needs only the
+//! driver), or on the interpreter when there is no GPU: one API for both.
 //!
 //! ```no_run
-//! # fn demo(k: &kgen_core::CompiledKernel, args: &mut [kgen_core::host::ArgValue]) -> Result<(), kgen_runtime::RuntimeError> {
-//! let gpu = kgen_runtime::Gpu::new(0)?;            // Err(NoDriver) on a machine without a GPU
-//! let loaded = gpu.load(k)?;                         // driver JIT of the PTX
-//! let stats = gpu.run(&loaded, [64, 1, 1], args)?;   // checks args, copies, launches, copies back
-//! println!("{} ms", stats.kernel_ms);
+//! use kgen_runtime::{Arg, Device, grid_1d};
+//! # fn demo() -> Result<(), kgen_runtime::RuntimeError> {
+//! let (device, fallback) = Device::best();          // GPU 0, or the interpreter
+//! if let Some(why) = fallback { eprintln!("{why}"); }
+//! let src = kgen_core::SourceFile::new("add.kg", "kernel add<B: int = 1024>(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) { store(y, [bid(0)], load(x, [bid(0)], [B]) + 1.0); }");
+//! let k = device.kernel(&src, &kgen_core::CompileOptions::new(device.arch()))?; // cached
+//! let x = device.from_slice(&[1000], &vec![1.5f32; 1000])?;
+//! let y = device.empty(kgen_core::DType::F32, &[1000])?;
+//! let stream = device.stream();
+//! device.launch(&stream, &k, grid_1d(1000, 1024)?, &[Arg::from(&x), Arg::from(&y)])?;
+//! let out: Vec<f32> = y.to_vec()?;                   // waits for the device
 //! # Ok(()) }
 //! ```
 //!
-//! Argument checking ([`validate_args`]) and parameter packing ([`pack_params`]) are pure
-//! functions, usable and tested without a GPU.
+//! - [`Device`], [`Stream`] (also wrapping a cudarc stream of yours), typed strided
+//!   [`Tensor`]s with views (`narrow`, `select`, `transpose`, `permute`, `reshape`).
+//! - [`Device::kernel`]: compile once per (source, specialization, arch, compiler
+//!   version), in memory, and keep the driver's JIT output on disk (`KGEN_CACHE_DIR`,
+//!   default `~/.cache/kgen`; `KGEN_CACHE=0` turns it off; corrupt or stale entries are
+//!   detected and rebuilt).
+//! - [`Device::launch`]: arguments checked against the kernel's ABI before launch
+//!   (dtype, rank, extents, contiguity, alignment of the actual pointer, device,
+//!   aliasing), typed errors, no host synchronization. [`Device::launch_timed`] times
+//!   with CUDA events.
+//! - [`autotune`]: benchmark candidate configurations once per shape key, remember the
+//!   winner on disk.
+//! - [`Gpu`]: the lower-level host-tensor path (`Gpu::run` copies in, launches, copies
+//!   out) used by the self-test.
 
+pub mod autotune;
 mod device;
+mod disk_cache;
 mod error;
+mod gpu;
+mod kernel;
+mod launch;
+mod tensor;
+mod upload;
 mod validate;
 
-pub use device::{check_grid, driver_present, DeviceInfo, Gpu, LoadedKernel, RunStats};
+pub use device::{Device, Stream};
+pub use disk_cache::{CacheKey, DiskCache, Lookup};
 pub use error::{ArgError, RuntimeError};
+pub use gpu::{check_grid, driver_present, DeviceInfo, Gpu, LoadedKernel, RunStats};
+pub use kernel::{source_hash, spec_key, CacheStats, Kernel, COMPILER_VERSION};
+pub use launch::{alignments, check_args, grid_1d, grid_2d, grid_x, tensor_alignment, Arg};
+pub use tensor::{Element, Tensor};
 pub use validate::{
     check_tensor_view, natural_alignment, pack_params, pow2_align, scalar_param_bits,
     source_param_name, validate_args, DEVICE_ALLOC_ALIGN, MAX_INDEX,
@@ -26,5 +57,7 @@ pub use validate::{
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_api;
 #[cfg(test)]
 mod tests_e2e;

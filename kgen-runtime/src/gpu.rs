@@ -1,0 +1,523 @@
+//! The GPU: context, module loading (driver JIT of kgen's PTX) and launches.
+
+use crate::error::{DriverResultExt, RuntimeError};
+use crate::validate::{pack_params, validate_args};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use kgen_core::abi::{CompiledKernel, SourceParam};
+use kgen_core::host::ArgValue;
+use kgen_core::target::Arch;
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+/// What the device is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// The kgen target for it, when kgen supports the device.
+    pub arch: Option<Arch>,
+    pub sm_count: u32,
+    pub total_mem_bytes: u64,
+    /// The largest dynamic shared memory a block may opt in to.
+    pub max_shared_per_block_optin: u32,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GPU {}: {} (compute capability {}.{}, {} SMs, {:.1} GiB) -> {}",
+            self.ordinal,
+            self.name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.sm_count,
+            self.total_mem_bytes as f64 / (1u64 << 30) as f64,
+            match self.arch {
+                Some(a) => format!("kgen target {a}"),
+                None => "not a kgen target (kgen targets sm_80 and sm_90a)".to_string(),
+            }
+        )
+    }
+}
+
+/// Whether the CUDA driver library can be loaded on this machine. Never panics.
+pub fn driver_present() -> bool {
+    catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+}
+
+/// Runs `f`, turning a panic in the bindings (a missing driver symbol) into an error.
+pub(crate) fn guarded<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, RuntimeError>,
+) -> Result<T, RuntimeError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".to_string());
+            Err(RuntimeError::Bindings(format!("{what}: {msg}")))
+        }
+    }
+}
+
+/// One CUDA device with a context and a stream. Loaded modules are kept for the Gpu's
+/// life (a kernel loaded twice is JIT-compiled once).
+pub struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    modules: Mutex<HashMap<(String, String), Arc<CudaModule>>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("info", &self.info).finish()
+    }
+}
+
+/// A kernel whose PTX the driver has loaded.
+#[derive(Debug)]
+pub struct LoadedKernel {
+    pub kernel: CompiledKernel,
+    pub(crate) func: CudaFunction,
+    /// Registers per thread the driver's JIT allocated.
+    pub num_regs: u32,
+    /// Local memory per thread (spills); 0 for a healthy kernel.
+    pub local_bytes: u32,
+}
+
+/// What one launch measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RunStats {
+    /// Kernel time by CUDA events (0 when nothing was launched).
+    pub kernel_ms: f32,
+    /// False when the grid was empty and no launch happened.
+    pub launched: bool,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`. Without a CUDA driver (a machine with no GPU) this returns
+    /// [`RuntimeError::NoDriver`]; it never panics.
+    pub fn new(ordinal: usize) -> Result<Gpu, RuntimeError> {
+        if !driver_present() {
+            return Err(RuntimeError::NoDriver(
+                "the CUDA driver library (libcuda.so) was not found; this machine has no NVIDIA GPU driver".to_string(),
+            ));
+        }
+        guarded("opening the device", || Gpu::open(ordinal))
+    }
+
+    fn open(ordinal: usize) -> Result<Gpu, RuntimeError> {
+        use sys::CUdevice_attribute as A;
+        if let Err(e) = cudarc::driver::result::init() {
+            return Err(match e.0 {
+                sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+                    RuntimeError::NoDevice(format!("the driver reports no device ({e})"))
+                }
+                _ => RuntimeError::Driver {
+                    op: "cuInit",
+                    err: e,
+                },
+            });
+        }
+        let count = CudaContext::device_count().op("cuDeviceGetCount")?;
+        if count <= 0 || ordinal >= count as usize {
+            return Err(RuntimeError::NoDevice(format!(
+                "device {ordinal} requested, the driver reports {count} device(s)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).op("creating the context")?;
+        let name = ctx.name().op("cuDeviceGetName")?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .op("reading the compute capability")?;
+        let sm_count = ctx
+            .attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .op("cuDeviceGetAttribute")?;
+        let optin = ctx
+            .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .op("cuDeviceGetAttribute")?;
+        let total = ctx.total_mem().op("cuDeviceTotalMem")?;
+        let stream = ctx.default_stream();
+        let info = DeviceInfo {
+            ordinal,
+            name,
+            compute_capability: (major.max(0) as u32, minor.max(0) as u32),
+            arch: Arch::for_compute_capability(major.max(0) as u32, minor.max(0) as u32),
+            sm_count: sm_count.max(0) as u32,
+            total_mem_bytes: total as u64,
+            max_shared_per_block_optin: optin.max(0) as u32,
+        };
+        Ok(Gpu {
+            ctx,
+            stream,
+            info,
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The cudarc context (for interop: cuBLAS, your own cudarc code).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream `run` uses (the context's default stream).
+    pub fn cuda_stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The kgen target to compile for on this device, if kgen supports it.
+    pub fn arch(&self) -> Option<Arch> {
+        self.info.arch
+    }
+
+    /// Loads a compiled kernel through the driver's PTX JIT. A JIT failure comes back as
+    /// [`RuntimeError::PtxLoad`] with the JIT's error log.
+    pub fn load(&self, kernel: &CompiledKernel) -> Result<LoadedKernel, RuntimeError> {
+        guarded("loading a module", || self.load_inner(kernel, None))
+    }
+
+    /// Loads a kernel from a cubin the driver produced earlier for the same PTX
+    /// ([`Gpu::jit_to_cubin`]); no JIT happens.
+    pub fn load_cubin(
+        &self,
+        kernel: &CompiledKernel,
+        cubin: Vec<u8>,
+    ) -> Result<LoadedKernel, RuntimeError> {
+        guarded("loading a module", || self.load_inner(kernel, Some(cubin)))
+    }
+
+    /// Runs the driver's JIT on the PTX and returns the resulting cubin (for the disk
+    /// cache), through cuLinkCreate / cuLinkAddData / cuLinkComplete.
+    pub fn jit_to_cubin(&self, ptx: &str) -> Result<Vec<u8>, RuntimeError> {
+        guarded("linking", || {
+            self.ctx.bind_to_thread().op("binding the context")?;
+            let src = std::ffi::CString::new(ptx).map_err(|_| RuntimeError::Incompatible {
+                entry: String::new(),
+                why: "the PTX holds a NUL byte".into(),
+            })?;
+            let bytes = src.as_bytes_with_nul();
+            let mut state: sys::CUlinkState = std::ptr::null_mut();
+            unsafe {
+                sys::cuLinkCreate_v2(0, std::ptr::null_mut(), std::ptr::null_mut(), &mut state)
+                    .result()
+                    .op("cuLinkCreate")?;
+                let r = (|| {
+                    sys::cuLinkAddData_v2(
+                        state,
+                        sys::CUjitInputType::CU_JIT_INPUT_PTX,
+                        bytes.as_ptr() as *mut _,
+                        bytes.len(),
+                        c"kgen.ptx".as_ptr(),
+                        0,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                    .result()
+                    .op("cuLinkAddData")?;
+                    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+                    let mut size = 0usize;
+                    sys::cuLinkComplete(state, &mut out, &mut size)
+                        .result()
+                        .op("cuLinkComplete")?;
+                    Ok(std::slice::from_raw_parts(out as *const u8, size).to_vec())
+                })();
+                let _ = sys::cuLinkDestroy(state);
+                r
+            }
+        })
+    }
+
+    fn load_inner(
+        &self,
+        kernel: &CompiledKernel,
+        cubin: Option<Vec<u8>>,
+    ) -> Result<LoadedKernel, RuntimeError> {
+        let entry = kernel.entry.clone();
+        let incompatible = |why: String| RuntimeError::Incompatible {
+            entry: entry.clone(),
+            why,
+        };
+        if kernel.arch == Arch::Sm90a && self.info.compute_capability != (9, 0) {
+            return Err(incompatible(format!(
+                "it was compiled for sm_90a, the device is compute capability {}.{}",
+                self.info.compute_capability.0, self.info.compute_capability.1
+            )));
+        }
+        if kernel.ptx.contains('\0') || entry.contains('\0') {
+            return Err(incompatible(
+                "the PTX text or entry name holds a NUL byte".into(),
+            ));
+        }
+        let key = (entry.clone(), kernel.ptx.clone());
+        let cached = self.modules.lock().ok().and_then(|m| m.get(&key).cloned());
+        let module = match cached {
+            Some(m) => m,
+            None => {
+                let image = match cubin {
+                    Some(c) => Ptx::from_binary(c),
+                    None => Ptx::from_src(kernel.ptx.clone()),
+                };
+                let m = match self.ctx.load_module(image) {
+                    Ok(m) => m,
+                    Err(err) => {
+                        return Err(RuntimeError::PtxLoad {
+                            entry,
+                            err,
+                            log: jit_error_log(&self.ctx, &kernel.ptx),
+                        })
+                    }
+                };
+                if let Ok(mut map) = self.modules.lock() {
+                    map.insert(key, m.clone());
+                }
+                m
+            }
+        };
+        let func = module.load_function(&entry).op("cuModuleGetFunction")?;
+        self.ctx.bind_to_thread().op("binding the context")?;
+        // The PTX's parameter list must be the ABI's.
+        check_param_layout(&func, kernel).map_err(&incompatible)?;
+        let launch = kernel.launch;
+        if launch.threads_per_block == 0 || launch.threads_per_block > 1024 {
+            return Err(incompatible(format!(
+                "{} threads per block",
+                launch.threads_per_block
+            )));
+        }
+        let smem = launch.dynamic_shared_bytes as u64 + launch.static_shared_bytes as u64;
+        if smem > self.info.max_shared_per_block_optin as u64 {
+            return Err(incompatible(format!(
+                "it needs {smem} bytes of shared memory, the device offers {} per block",
+                self.info.max_shared_per_block_optin
+            )));
+        }
+        if launch.dynamic_shared_bytes > 0 {
+            func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                launch.dynamic_shared_bytes as i32,
+            )
+            .op("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
+        }
+        let max_threads = func.max_threads_per_block().op("cuFuncGetAttribute")?;
+        if (launch.threads_per_block as i64) > max_threads as i64 {
+            return Err(incompatible(format!(
+                "{} threads per block, but with its register use the device allows at most {max_threads}",
+                launch.threads_per_block
+            )));
+        }
+        let num_regs = func.num_regs().op("cuFuncGetAttribute")?.max(0) as u32;
+        let local_bytes = func.local_size_bytes().op("cuFuncGetAttribute")?.max(0) as u32;
+        Ok(LoadedKernel {
+            kernel: kernel.clone(),
+            func,
+            num_regs,
+            local_bytes,
+        })
+    }
+
+    /// Runs a loaded kernel over `grid` on host arguments: checks them against the ABI
+    /// (before anything touches the GPU), copies every tensor to the device, launches,
+    /// synchronizes and copies back the tensors the kernel writes. A grid with a zero
+    /// extent launches nothing.
+    pub fn run(
+        &self,
+        k: &LoadedKernel,
+        grid: [u32; 3],
+        args: &mut [ArgValue],
+    ) -> Result<RunStats, RuntimeError> {
+        validate_args(&k.kernel.entry, &k.kernel.abi, args)?;
+        check_grid(grid)?;
+        if grid.contains(&0) {
+            return Ok(RunStats {
+                kernel_ms: 0.0,
+                launched: false,
+            });
+        }
+        guarded("launching", || self.run_inner(k, grid, args))
+    }
+
+    fn run_inner(
+        &self,
+        k: &LoadedKernel,
+        grid: [u32; 3],
+        args: &mut [ArgValue],
+    ) -> Result<RunStats, RuntimeError> {
+        self.ctx.bind_to_thread().op("binding the context")?;
+        let stream = &self.stream;
+        // Device copies of every tensor, whole storage (outputs keep their poison).
+        let mut buffers: Vec<Option<CudaSlice<u8>>> = Vec::with_capacity(args.len());
+        let mut ptrs: Vec<u64> = Vec::with_capacity(args.len());
+        for a in args.iter() {
+            match a {
+                ArgValue::Tensor(t) => {
+                    // Never allocate 0 bytes; pad to a whole 16 bytes so vector accesses
+                    // at the end of a view stay inside the allocation.
+                    let len = t.data.len().max(1).div_ceil(16) * 16;
+                    let mut buf = unsafe { stream.alloc::<u8>(len) }.op("cuMemAlloc")?;
+                    if !t.data.is_empty() {
+                        let mut view = buf.slice_mut(0..t.data.len());
+                        stream
+                            .memcpy_htod(&t.data[..], &mut view)
+                            .op("cuMemcpyHtoD")?;
+                    }
+                    let ptr = {
+                        let (ptr, _sync) =
+                            cudarc::driver::DevicePtr::device_ptr(&buf, stream.as_ref());
+                        ptr
+                    };
+                    ptrs.push(ptr);
+                    buffers.push(Some(buf));
+                }
+                ArgValue::Scalar(_) => {
+                    ptrs.push(0);
+                    buffers.push(None);
+                }
+            }
+        }
+        let values =
+            pack_params(&k.kernel.abi, args, &ptrs).map_err(|why| RuntimeError::Incompatible {
+                entry: k.kernel.entry.clone(),
+                why,
+            })?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid[0], grid[1], grid[2]),
+            block_dim: (k.kernel.launch.threads_per_block, 1, 1),
+            shared_mem_bytes: k.kernel.launch.dynamic_shared_bytes,
+        };
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(flags).op("cuEventCreate")?;
+        let end = self.ctx.new_event(flags).op("cuEventCreate")?;
+        stream
+            .synchronize()
+            .op("cuStreamSynchronize (after the copies in)")?;
+        start.record(stream).op("cuEventRecord")?;
+        {
+            let mut b = stream.launch_builder(&k.func);
+            for v in &values {
+                b.arg(v);
+            }
+            unsafe { b.launch(cfg) }.op("cuLaunchKernel")?;
+        }
+        end.record(stream).op("cuEventRecord")?;
+        stream
+            .synchronize()
+            .op("cuStreamSynchronize after the kernel (the kernel failed)")?;
+        let kernel_ms = start.elapsed_ms(&end).op("cuEventElapsedTime")?;
+        for (i, (p, a)) in k
+            .kernel
+            .abi
+            .source_params
+            .iter()
+            .zip(args.iter_mut())
+            .enumerate()
+        {
+            if let (SourceParam::Tensor { written: true, .. }, ArgValue::Tensor(t)) = (p, a) {
+                if let Some(buf) = &buffers[i] {
+                    if !t.data.is_empty() {
+                        let view = buf.slice(0..t.data.len());
+                        stream
+                            .memcpy_dtoh(&view, &mut t.data[..])
+                            .op("cuMemcpyDtoH")?;
+                    }
+                }
+            }
+        }
+        stream
+            .synchronize()
+            .op("cuStreamSynchronize (after the copies out)")?;
+        drop(buffers);
+        Ok(RunStats {
+            kernel_ms,
+            launched: true,
+        })
+    }
+}
+
+/// Grid limits of every CUDA device kgen targets.
+pub fn check_grid(grid: [u32; 3]) -> Result<(), RuntimeError> {
+    if grid[0] > i32::MAX as u32 || grid[1] > 65535 || grid[2] > 65535 {
+        return Err(RuntimeError::LaunchConfig(format!(
+            "grid {grid:?} exceeds the limits (2^31-1, 65535, 65535)"
+        )));
+    }
+    Ok(())
+}
+
+/// Compares the PTX entry's parameter list (as the driver sees it, through
+/// cuFuncGetParamInfo, CUDA 12.4+) with the ABI. Accepts silently when the driver cannot
+/// tell. Only the ABI's parameters are probed: probing one past the end would be an API
+/// error by design, which compute-sanitizer rightly reports.
+fn check_param_layout(func: &CudaFunction, kernel: &CompiledKernel) -> Result<(), String> {
+    let f = func.cu_function();
+    let n = kernel.abi.params.len();
+    for i in 0..n {
+        let (mut off, mut size) = (0usize, 0usize);
+        let r = unsafe { sys::cuFuncGetParamInfo(f, i, &mut off, &mut size) };
+        let ok = r == sys::CUresult::CUDA_SUCCESS;
+        if !ok {
+            if i == 0 {
+                return Ok(()); // not supported by this driver (or no parameters at all)
+            }
+            return Err(format!(
+                "the PTX entry has {i} parameter(s), the ABI lists {n}"
+            ));
+        }
+        let p = &kernel.abi.params[i];
+        if size != p.size as usize {
+            return Err(format!(
+                "PTX parameter {i} (`{}`) has {size} bytes, the ABI says {}",
+                p.ptx_name, p.size
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Loads the PTX again with an error-log buffer to recover the JIT's message.
+fn jit_error_log(ctx: &Arc<CudaContext>, ptx: &str) -> String {
+    let Ok(src) = std::ffi::CString::new(ptx) else {
+        return String::new();
+    };
+    if ctx.bind_to_thread().is_err() {
+        return String::new();
+    }
+    const N: usize = 16 * 1024;
+    let mut log = vec![0u8; N];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut values: [*mut std::ffi::c_void; 2] = [log.as_mut_ptr() as *mut _, N as *mut _];
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    let r = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            src.as_ptr() as *const _,
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    if r == sys::CUresult::CUDA_SUCCESS && !module.is_null() {
+        unsafe {
+            let _ = sys::cuModuleUnload(module);
+        }
+    }
+    let end = log.iter().position(|&b| b == 0).unwrap_or(N);
+    String::from_utf8_lossy(&log[..end]).into_owned()
+}

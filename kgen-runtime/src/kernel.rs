@@ -1,0 +1,215 @@
+//! Compiled, loaded kernels and the kernel cache.
+//!
+//! `Device::kernel(file, opts)` compiles one specialization (kgen's compile is a few
+//! milliseconds) and loads it: on a GPU through the driver, whose JIT output is kept in
+//! the disk cache ([`crate::disk_cache`]) so later processes skip the JIT; on the
+//! interpreter as IR. Loaded kernels are kept in memory per device, keyed by the source
+//! hash, the specialization, the arch and the compiler version, so asking again costs a
+//! hash and a map lookup. Hot paths should keep the `Arc<Kernel>` they got.
+
+use crate::device::{Backend, Device};
+use crate::disk_cache::{sha256_hex, CacheKey, DiskCache, Lookup};
+use crate::error::RuntimeError;
+use crate::gpu::LoadedKernel;
+use kgen_core::abi::CompiledKernel;
+use kgen_core::{CompileOptions, SourceFile};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The kgen compiler version baked into cache keys.
+pub const COMPILER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub(crate) enum Exec {
+    Cuda(LoadedKernel),
+    Interp(kgen_core::ir::Function),
+}
+
+/// One specialization of one kernel, ready to launch on one device.
+pub struct Kernel {
+    pub(crate) compiled: CompiledKernel,
+    pub(crate) exec: Exec,
+    pub(crate) device_id: u64,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kernel({})", self.compiled.entry)
+    }
+}
+
+impl Kernel {
+    /// PTX, ABI, launch hints and specialization.
+    pub fn compiled(&self) -> &CompiledKernel {
+        &self.compiled
+    }
+    /// The PTX entry name (it spells the specialization).
+    pub fn entry(&self) -> &str {
+        &self.compiled.entry
+    }
+    /// Registers per thread and local (spill) bytes the driver reports (GPU only).
+    pub fn resources(&self) -> Option<(u32, u32)> {
+        match &self.exec {
+            Exec::Cuda(l) => Some((l.num_regs, l.local_bytes)),
+            Exec::Interp(_) => None,
+        }
+    }
+}
+
+/// Cache counters of one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Found loaded in memory.
+    pub memory_hits: u64,
+    /// Compiled by kgen (every miss in memory).
+    pub compiles: u64,
+    /// Driver JIT skipped thanks to a disk entry.
+    pub disk_hits: u64,
+    /// Disk entries found corrupt or stale, removed and rebuilt.
+    pub disk_rejected: u64,
+    /// Entries that could not be written (the launch still worked).
+    pub disk_write_errors: u64,
+}
+
+pub(crate) struct KernelCache {
+    map: Mutex<HashMap<String, Arc<Kernel>>>,
+    disk: Option<DiskCache>,
+    memory_hits: AtomicU64,
+    compiles: AtomicU64,
+    disk_hits: AtomicU64,
+    disk_rejected: AtomicU64,
+    disk_write_errors: AtomicU64,
+}
+
+impl KernelCache {
+    pub(crate) fn from_env() -> KernelCache {
+        KernelCache::with_disk(DiskCache::from_env())
+    }
+
+    pub(crate) fn with_disk(disk: Option<DiskCache>) -> KernelCache {
+        KernelCache {
+            map: Mutex::new(HashMap::new()),
+            disk,
+            memory_hits: AtomicU64::new(0),
+            compiles: AtomicU64::new(0),
+            disk_hits: AtomicU64::new(0),
+            disk_rejected: AtomicU64::new(0),
+            disk_write_errors: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> CacheStats {
+        CacheStats {
+            memory_hits: self.memory_hits.load(Ordering::Relaxed),
+            compiles: self.compiles.load(Ordering::Relaxed),
+            disk_hits: self.disk_hits.load(Ordering::Relaxed),
+            disk_rejected: self.disk_rejected.load(Ordering::Relaxed),
+            disk_write_errors: self.disk_write_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A readable key of everything in the options that selects the specialization.
+pub fn spec_key(opts: &CompileOptions) -> String {
+    let mut defines = opts.defines.clone();
+    defines.sort();
+    let mut align = opts.tensor_align.clone();
+    align.sort();
+    format!(
+        "kernel={:?};defines={:?};warps={:?};align={:?}",
+        opts.kernel, defines, opts.num_warps, align
+    )
+}
+
+pub(crate) fn get_or_build(
+    device: &Device,
+    file: &SourceFile,
+    opts: &CompileOptions,
+) -> Result<Arc<Kernel>, RuntimeError> {
+    let cache = &device.inner.kernels;
+    let mut opts = opts.clone();
+    opts.arch = device.arch();
+    let spec = spec_key(&opts);
+    let gpu_name = device
+        .gpu()
+        .map(|g| g.info().name.clone())
+        .unwrap_or_else(|| "interpreter".into());
+    let key = CacheKey::new(
+        &file.text,
+        &spec,
+        &opts.arch.to_string(),
+        &gpu_name,
+        COMPILER_VERSION,
+    );
+    if let Some(k) = cache
+        .map
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&key.hash).cloned())
+    {
+        cache.memory_hits.fetch_add(1, Ordering::Relaxed);
+        return Ok(k);
+    }
+    cache.compiles.fetch_add(1, Ordering::Relaxed);
+    let render = |d: kgen_core::Diagnostics| RuntimeError::Compile(d.render(file));
+    let compiled = kgen_core::compile(file, &opts).map_err(render)?;
+    let exec = match &device.inner.backend {
+        Backend::Interpreter => {
+            let (func, _) = kgen_core::compile_to_ir(file, &opts).map_err(render)?;
+            Exec::Interp(func)
+        }
+        Backend::Cuda(gpu) => {
+            let mut loaded = None;
+            if let Some(disk) = &cache.disk {
+                match disk.load(&key, &compiled.ptx) {
+                    Lookup::Hit(cubin) => {
+                        if let Ok(l) = gpu.load_cubin(&compiled, cubin) {
+                            cache.disk_hits.fetch_add(1, Ordering::Relaxed);
+                            loaded = Some(l);
+                        } else {
+                            cache.disk_rejected.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Lookup::Rejected(why) => {
+                        cache.disk_rejected.fetch_add(1, Ordering::Relaxed);
+                        eprintln!(
+                            "kgen: rebuilding the cache entry of `{}` in {}: {why}",
+                            compiled.entry,
+                            disk.dir().display()
+                        );
+                    }
+                    Lookup::Miss => {}
+                }
+            }
+            let loaded = match loaded {
+                Some(l) => l,
+                None => match (&cache.disk, gpu.jit_to_cubin(&compiled.ptx)) {
+                    (Some(disk), Ok(cubin)) => {
+                        if disk.store(&key, &compiled.ptx, &cubin).is_err() {
+                            cache.disk_write_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        gpu.load_cubin(&compiled, cubin)?
+                    }
+                    // No disk cache, or the linker path failed: the plain PTX load (whose
+                    // error carries the JIT log).
+                    _ => gpu.load(&compiled)?,
+                },
+            };
+            Exec::Cuda(loaded)
+        }
+    };
+    let k = Arc::new(Kernel {
+        compiled,
+        exec,
+        device_id: device.inner.id,
+    });
+    if let Ok(mut m) = cache.map.lock() {
+        m.insert(key.hash, k.clone());
+    }
+    Ok(k)
+}
+
+/// Hex SHA-256 of a source text (for callers building their own keys).
+pub fn source_hash(text: &str) -> String {
+    sha256_hex(text.as_bytes())
+}

@@ -1,0 +1,407 @@
+//! Launching a [`Kernel`] on device tensors.
+//!
+//! Before anything is queued, every argument is checked against the kernel's parameter
+//! ABI (count, kind, dtype, rank, constant extents, contiguity, extents and strides that
+//! fit in 32 bits, the view inside its storage, the *actual* device address and strides
+//! against the alignment the specialization assumed), the device (every tensor on the
+//! launch's device), and aliasing (a tensor the kernel writes may not overlap any other
+//! tensor argument). Each failure is a typed [`ArgError`] / [`RuntimeError`].
+//!
+//! The warm path on a GPU is: the checks, packing the parameter values into a small
+//! array, and `cuLaunchKernel` on the caller's stream: no allocation besides two small
+//! vectors, no synchronization.
+
+use crate::device::{Device, Stream};
+use crate::error::{ArgError, DriverResultExt, RuntimeError};
+use crate::kernel::{Exec, Kernel};
+use crate::tensor::Tensor;
+use crate::validate::{check_tensor_view, scalar_param_bits, source_param_name};
+use cudarc::driver::{result, sys};
+use kgen_core::abi::{AbiSlot, SourceParam};
+use kgen_core::host::{ArgValue, HostTensor};
+use kgen_core::types::{DType, Scalar};
+
+/// One kernel argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<'a> {
+    Tensor(&'a Tensor),
+    Scalar(Scalar),
+}
+
+impl<'a> From<&'a Tensor> for Arg<'a> {
+    fn from(t: &'a Tensor) -> Arg<'a> {
+        Arg::Tensor(t)
+    }
+}
+impl From<f32> for Arg<'_> {
+    fn from(v: f32) -> Self {
+        Arg::Scalar(Scalar::Float(v as f64, DType::F32))
+    }
+}
+impl From<i32> for Arg<'_> {
+    fn from(v: i32) -> Self {
+        Arg::Scalar(Scalar::Int(v as i64, DType::I32))
+    }
+}
+impl From<u32> for Arg<'_> {
+    fn from(v: u32) -> Self {
+        Arg::Scalar(Scalar::Int(v as i64, DType::U32))
+    }
+}
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::Scalar(Scalar::Int(v, DType::I64))
+    }
+}
+impl From<bool> for Arg<'_> {
+    fn from(v: bool) -> Self {
+        Arg::Scalar(Scalar::Bool(v))
+    }
+}
+
+/// A grid of `cdiv(n, block)` blocks along x (at least one dimension check).
+pub fn grid_1d(n: usize, block: usize) -> Result<[u32; 3], RuntimeError> {
+    if block == 0 {
+        return Err(RuntimeError::LaunchConfig("block size 0".into()));
+    }
+    grid_x(n.div_ceil(block))
+}
+
+/// A grid of `blocks` blocks along x.
+pub fn grid_x(blocks: usize) -> Result<[u32; 3], RuntimeError> {
+    if blocks > i32::MAX as usize {
+        return Err(RuntimeError::LaunchConfig(format!(
+            "{blocks} blocks exceed the grid's x limit (2^31-1)"
+        )));
+    }
+    Ok([blocks as u32, 1, 1])
+}
+
+/// A 2-D grid of `cdiv(rows, row_block) × cdiv(cols, col_block)` blocks.
+pub fn grid_2d(
+    rows: usize,
+    row_block: usize,
+    cols: usize,
+    col_block: usize,
+) -> Result<[u32; 3], RuntimeError> {
+    if row_block == 0 || col_block == 0 {
+        return Err(RuntimeError::LaunchConfig("block size 0".into()));
+    }
+    let (x, y) = (rows.div_ceil(row_block), cols.div_ceil(col_block));
+    if x > i32::MAX as usize || y > 65535 {
+        return Err(RuntimeError::LaunchConfig(format!(
+            "grid [{x}, {y}] exceeds the limits (2^31-1, 65535)"
+        )));
+    }
+    Ok([x as u32, y as u32, 1])
+}
+
+/// The alignment (16, 8, 4, 2 or 1 bytes) a device tensor actually has under the rules of
+/// `CompileOptions::tensor_align`: its address, strides but the last, and the contiguous
+/// extent in bytes. Compile with it to get a specialization that accepts the tensor.
+pub fn tensor_alignment(t: &Tensor) -> u32 {
+    use crate::validate::pow2_align;
+    let elem = t.dtype().size_bytes() as u64;
+    let base = t.device_ptr().unwrap_or((t.offset() as u64) * elem);
+    let mut a = pow2_align(base);
+    let rank = t.rank();
+    for d in 0..rank.saturating_sub(1) {
+        if t.shape()[d] > 1 {
+            a = a.min(pow2_align(t.strides()[d] as u64 * elem));
+        }
+    }
+    if rank > 0 {
+        a = a.min(pow2_align(t.shape()[rank - 1] as u64 * elem));
+    }
+    a
+}
+
+/// `CompileOptions::tensor_align` for these tensors: each one's [`tensor_alignment`].
+pub fn alignments(tensors: &[(&str, &Tensor)]) -> Vec<(String, u32)> {
+    tensors
+        .iter()
+        .map(|(n, t)| (n.to_string(), tensor_alignment(t)))
+        .collect()
+}
+
+/// Checks `args` against the kernel and the device. Pure apart from reading addresses.
+pub fn check_args(device: &Device, k: &Kernel, args: &[Arg]) -> Result<(), RuntimeError> {
+    let entry = &k.compiled.entry;
+    if k.device_id != device.inner.id {
+        return Err(RuntimeError::WrongDevice(format!(
+            "kernel `{entry}` was loaded on another device"
+        )));
+    }
+    let params = &k.compiled.abi.source_params;
+    if args.len() != params.len() {
+        return Err(ArgError::ArgCount {
+            kernel: entry.clone(),
+            expected: params.len(),
+            got: args.len(),
+        }
+        .into());
+    }
+    for (p, a) in params.iter().zip(args) {
+        match (p, a) {
+            (SourceParam::Scalar { name, dtype }, Arg::Scalar(s)) => {
+                if s.dtype() != *dtype {
+                    return Err(ArgError::DtypeMismatch {
+                        param: name.clone(),
+                        expected: *dtype,
+                        got: s.dtype(),
+                    }
+                    .into());
+                }
+            }
+            (
+                SourceParam::Tensor {
+                    name,
+                    dtype,
+                    dims,
+                    contiguous,
+                    align_bytes,
+                    ..
+                },
+                Arg::Tensor(t),
+            ) => {
+                if !t.device().same(device) {
+                    return Err(RuntimeError::WrongDevice(format!(
+                        "argument `{name}` lives on {}, the launch is on {}",
+                        t.device().describe(),
+                        device.describe()
+                    )));
+                }
+                if t.dtype() != *dtype {
+                    return Err(ArgError::DtypeMismatch {
+                        param: name.clone(),
+                        expected: *dtype,
+                        got: t.dtype(),
+                    }
+                    .into());
+                }
+                let base = t
+                    .device_ptr()
+                    .unwrap_or(t.offset() as u64 * dtype.size_bytes() as u64);
+                check_tensor_view(
+                    name,
+                    dims,
+                    *contiguous,
+                    *align_bytes,
+                    t.dtype(),
+                    t.shape(),
+                    t.strides(),
+                    t.storage_len_from_offset(),
+                    base,
+                )?;
+            }
+            (p, a) => {
+                return Err(ArgError::WrongKind {
+                    param: source_param_name(p).to_string(),
+                    expected: match p {
+                        SourceParam::Tensor { .. } => "tensor",
+                        SourceParam::Scalar { .. } => "scalar",
+                    },
+                    got: match a {
+                        Arg::Tensor(_) => "tensor",
+                        Arg::Scalar(_) => "scalar",
+                    },
+                }
+                .into())
+            }
+        }
+    }
+    // Aliasing: a written tensor may not overlap any other tensor argument.
+    for (i, (p, a)) in params.iter().zip(args).enumerate() {
+        let (
+            SourceParam::Tensor {
+                written: true,
+                name,
+                ..
+            },
+            Arg::Tensor(w),
+        ) = (p, a)
+        else {
+            continue;
+        };
+        for (j, (q, b)) in params.iter().zip(args).enumerate() {
+            if i == j {
+                continue;
+            }
+            if let Arg::Tensor(o) = b {
+                if w.overlaps(o) {
+                    return Err(ArgError::Aliasing {
+                        a: name.clone(),
+                        b: source_param_name(q).to_string(),
+                        written: name.clone(),
+                    }
+                    .into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The PTX parameter values, each in the low bytes of a u64.
+fn pack(k: &Kernel, args: &[Arg]) -> Result<Vec<u64>, RuntimeError> {
+    let abi = &k.compiled.abi;
+    let bad = |why: String| RuntimeError::Incompatible {
+        entry: k.compiled.entry.clone(),
+        why,
+    };
+    let mut out = Vec::with_capacity(abi.params.len());
+    for p in &abi.params {
+        let tensor = |param: u32| match args.get(param as usize) {
+            Some(Arg::Tensor(t)) => Ok(*t),
+            _ => Err(bad(format!("`{}` is not a tensor argument", p.ptx_name))),
+        };
+        let v = match &p.slot {
+            AbiSlot::TensorPtr { param } => tensor(*param)?.device_ptr().unwrap_or(0),
+            AbiSlot::TensorDim { param, dim } => {
+                tensor(*param)?.shape()[*dim as usize] as u32 as u64
+            }
+            AbiSlot::TensorStride { param, dim } => {
+                tensor(*param)?.strides()[*dim as usize] as u32 as u64
+            }
+            AbiSlot::Scalar { param, dtype } => match args.get(*param as usize) {
+                Some(Arg::Scalar(s)) => scalar_param_bits(*s, *dtype).0,
+                _ => return Err(bad(format!("`{}` is not a scalar argument", p.ptx_name))),
+            },
+        };
+        out.push(v);
+    }
+    Ok(out)
+}
+
+impl Device {
+    /// Launches `k` over `grid` on `stream`. Asynchronous on a GPU; on the interpreter
+    /// it runs to completion. A grid with a zero extent launches nothing.
+    pub fn launch(
+        &self,
+        stream: &Stream,
+        k: &Kernel,
+        grid: [u32; 3],
+        args: &[Arg],
+    ) -> Result<(), RuntimeError> {
+        if !stream.device.same(self) {
+            return Err(RuntimeError::WrongDevice(
+                "the stream belongs to another device".into(),
+            ));
+        }
+        check_args(self, k, args)?;
+        crate::gpu::check_grid(grid)?;
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        match &k.exec {
+            Exec::Cuda(loaded) => {
+                let values = pack(k, args)?;
+                let mut ptrs: Vec<*mut std::ffi::c_void> = values
+                    .iter()
+                    .map(|v| v as *const u64 as *mut std::ffi::c_void)
+                    .collect();
+                let launch = k.compiled.launch;
+                unsafe {
+                    result::launch_kernel(
+                        loaded.func.cu_function(),
+                        (grid[0], grid[1], grid[2]),
+                        (launch.threads_per_block, 1, 1),
+                        launch.dynamic_shared_bytes,
+                        stream.raw(),
+                        &mut ptrs,
+                    )
+                }
+                .op("cuLaunchKernel")
+            }
+            Exec::Interp(func) => run_interpreted(func, grid, &k.compiled.abi.source_params, args),
+        }
+    }
+
+    /// Launches and times the kernel with CUDA events (synchronizes); milliseconds.
+    /// On the interpreter: wall-clock time.
+    pub fn launch_timed(
+        &self,
+        stream: &Stream,
+        k: &Kernel,
+        grid: [u32; 3],
+        args: &[Arg],
+    ) -> Result<f32, RuntimeError> {
+        match &stream.cuda {
+            Some(s) => {
+                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let ctx = s.context();
+                let start = ctx.new_event(flags).op("cuEventCreate")?;
+                let end = ctx.new_event(flags).op("cuEventCreate")?;
+                start.record(s).op("cuEventRecord")?;
+                self.launch(stream, k, grid, args)?;
+                end.record(s).op("cuEventRecord")?;
+                end.synchronize().op("cuEventSynchronize")?;
+                start.elapsed_ms(&end).op("cuEventElapsedTime")
+            }
+            None => {
+                let t = std::time::Instant::now();
+                self.launch(stream, k, grid, args)?;
+                Ok(t.elapsed().as_secs_f32() * 1e3)
+            }
+        }
+    }
+}
+
+/// The interpreter path: each tensor view becomes a host tensor over a copy of its
+/// storage from the view's offset; written ones are copied back.
+fn run_interpreted(
+    func: &kgen_core::ir::Function,
+    grid: [u32; 3],
+    params: &[SourceParam],
+    args: &[Arg],
+) -> Result<(), RuntimeError> {
+    let mut values = Vec::with_capacity(args.len());
+    for a in args {
+        values.push(match a {
+            Arg::Scalar(s) => ArgValue::Scalar(*s),
+            Arg::Tensor(t) => {
+                let elem = t.dtype().size_bytes() as usize;
+                let data = t.with_host_storage(|m| {
+                    let start = t.offset() * elem;
+                    let end = m.len() / elem * elem;
+                    m[start.min(end)..end].to_vec()
+                })?;
+                ArgValue::Tensor(HostTensor {
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                    strides: t.strides().to_vec(),
+                    data,
+                })
+            }
+        });
+    }
+    kgen_core::interp::run(func, grid, &mut values)
+        .map_err(|e| RuntimeError::Interpreter(e.to_string()))?;
+    for ((p, a), v) in params.iter().zip(args).zip(&values) {
+        if let (SourceParam::Tensor { written: true, .. }, Arg::Tensor(t), ArgValue::Tensor(h)) =
+            (p, a, v)
+        {
+            // Only the view's own elements: a strided view's gaps may belong to other
+            // arguments (the halves of a concatenated buffer).
+            let elem = t.dtype().size_bytes() as usize;
+            let base = t.offset() * elem;
+            let (shape, strides) = (t.shape(), t.strides());
+            t.with_host_storage(|m| {
+                let mut idx = vec![0usize; shape.len()];
+                for _ in 0..t.numel() {
+                    let off: usize =
+                        idx.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>() * elem;
+                    m[base + off..base + off + elem].copy_from_slice(&h.data[off..off + elem]);
+                    for d in (0..idx.len()).rev() {
+                        idx[d] += 1;
+                        if idx[d] < shape[d] {
+                            break;
+                        }
+                        idx[d] = 0;
+                    }
+                }
+            })?;
+        }
+    }
+    Ok(())
+}

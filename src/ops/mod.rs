@@ -1,0 +1,214 @@
+//! `kgen::ops`: the bundled training-op library, backed by the kernels in `kernels-src/`.
+//!
+//! Every op runs on a [`Device`] (GPU or interpreter, the same code path) through an
+//! [`Ops`] handle that owns the stream the ops are queued on and a per-specialization map
+//! of loaded kernels (so a warm call is: shape checks, a map lookup, a launch). Ops never
+//! synchronize the host; results are device tensors.
+//!
+//! ```no_run
+//! # fn demo() -> Result<(), kgen::ops::OpError> {
+//! use kgen::runtime::Device;
+//! let (device, _) = Device::best();
+//! let ops = kgen::ops::Ops::new(&device);
+//! let x = device.from_f64(kgen::core::DType::BF16, &[8, 64], &vec![0.5; 512])?;
+//! let w = device.from_f64(kgen::core::DType::BF16, &[64], &vec![1.0; 64])?;
+//! let (y, rstd) = ops.rmsnorm(&x, &w, 1e-6)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Files: `norm` (RMSNorm, LayerNorm fwd/bwd), `act` (SwiGLU, ReLU fwd/bwd), `rope`,
+//! `loss` (softmax, cross-entropy), `linear` (matmul), and [`crate::optim`] (AdamW,
+//! gradient norm and clipping).
+
+use kgen_core::types::DType;
+use kgen_core::{CompileOptions, SourceFile};
+use kgen_runtime::{alignments, Arg, Device, Kernel, RuntimeError, Stream, Tensor};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+pub mod act;
+pub mod linear;
+pub mod loss;
+pub mod norm;
+pub mod rope;
+
+/// What an op can report.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// Operand shapes that do not fit the op.
+    #[error("{op}: {what}")]
+    Shape { op: &'static str, what: String },
+    /// An operand dtype the op does not take.
+    #[error("{op}: {what}")]
+    Dtype { op: &'static str, what: String },
+}
+
+pub(crate) fn shape_err(op: &'static str, what: impl Into<String>) -> OpError {
+    OpError::Shape {
+        op,
+        what: what.into(),
+    }
+}
+
+pub(crate) fn dtype_err(op: &'static str, what: impl Into<String>) -> OpError {
+    OpError::Dtype {
+        op,
+        what: what.into(),
+    }
+}
+
+/// Ops queued on one stream of one device.
+pub struct Ops {
+    device: Device,
+    stream: Stream,
+    kernels: Mutex<HashMap<String, Arc<Kernel>>>,
+    tuner: kgen_runtime::autotune::Autotuner,
+}
+
+impl Ops {
+    /// Ops on the device's default stream.
+    pub fn new(device: &Device) -> Ops {
+        Ops::with_stream(device, device.stream())
+    }
+
+    /// Ops on a given stream (e.g. `Stream::from_cudarc` of a framework's stream).
+    pub fn with_stream(device: &Device, stream: Stream) -> Ops {
+        Ops {
+            device: device.clone(),
+            stream,
+            kernels: Mutex::new(HashMap::new()),
+            tuner: kgen_runtime::autotune::Autotuner::from_env(),
+        }
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    pub fn tuner(&self) -> &kgen_runtime::autotune::Autotuner {
+        &self.tuner
+    }
+
+    /// The loaded kernel `name` of `kernels-src/<stem>.kg` with these compile-time values,
+    /// warps and the alignments the given tensors actually have.
+    pub fn kernel(
+        &self,
+        stem: &str,
+        name: &str,
+        defines: &[(&str, String)],
+        num_warps: Option<u32>,
+        tensors: &[(&str, &Tensor)],
+    ) -> Result<Arc<Kernel>, OpError> {
+        let align = alignments(tensors);
+        let mut key = format!("{stem}/{name}/{num_warps:?}");
+        for (k, v) in defines {
+            key.push_str(&format!("/{k}={v}"));
+        }
+        for (k, a) in &align {
+            if *a < 16 {
+                key.push_str(&format!("/{k}@{a}"));
+            }
+        }
+        if let Some(k) = self.kernels.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(k);
+        }
+        let text = crate::bundled::source(stem).ok_or_else(|| {
+            OpError::Runtime(RuntimeError::Compile(format!(
+                "no bundled kernel file kernels-src/{stem}.kg"
+            )))
+        })?;
+        let file = SourceFile::new(format!("kernels-src/{stem}.kg"), text);
+        let mut opts = CompileOptions::new(self.device.arch()).kernel(name);
+        for (k, v) in defines {
+            opts = opts.define(k, v);
+        }
+        opts.num_warps = num_warps;
+        opts.tensor_align = align;
+        let k = self.device.kernel(&file, &opts)?;
+        if let Ok(mut m) = self.kernels.lock() {
+            m.insert(key, k.clone());
+        }
+        Ok(k)
+    }
+
+    /// Launches on this handle's stream.
+    pub fn launch(&self, k: &Kernel, grid: [u32; 3], args: &[Arg]) -> Result<(), OpError> {
+        Ok(self.device.launch(&self.stream, k, grid, args)?)
+    }
+
+    /// A fresh contiguous output tensor.
+    pub fn empty(&self, dtype: DType, shape: &[usize]) -> Result<Tensor, OpError> {
+        Ok(self.device.empty(dtype, shape)?)
+    }
+
+    /// Number of SMs (for persistent-style grids); 132 on the interpreter, so that its
+    /// grids match an H100's.
+    pub fn sm_count(&self) -> usize {
+        self.device
+            .gpu()
+            .map(|g| g.info().sm_count as usize)
+            .unwrap_or(132)
+    }
+}
+
+/// Checks a float dtype (f32, f16, bf16).
+pub(crate) fn float_dtype(op: &'static str, t: &Tensor) -> Result<DType, OpError> {
+    match t.dtype() {
+        d @ (DType::F32 | DType::F16 | DType::BF16) => Ok(d),
+        d => Err(dtype_err(op, format!("expected f32, f16 or bf16, got {d}"))),
+    }
+}
+
+/// Checks that `t` has exactly `shape` and `dtype`.
+pub(crate) fn expect(
+    op: &'static str,
+    name: &str,
+    t: &Tensor,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<(), OpError> {
+    if t.dtype() != dtype {
+        return Err(dtype_err(
+            op,
+            format!("`{name}` must be {dtype}, got {}", t.dtype()),
+        ));
+    }
+    if t.shape() != shape {
+        return Err(shape_err(
+            op,
+            format!("`{name}` must have shape {shape:?}, got {:?}", t.shape()),
+        ));
+    }
+    Ok(())
+}
+
+/// Views `t` as [rows, last] (all leading dimensions merged); `t` must be contiguous
+/// over the leading dimensions... a row stride is allowed.
+pub(crate) fn as_rows(op: &'static str, t: &Tensor) -> Result<Tensor, OpError> {
+    let r = t.rank();
+    if r == 0 {
+        return Err(shape_err(op, "a scalar has no rows"));
+    }
+    if r == 2 {
+        return Ok(t.clone());
+    }
+    let last = t.shape()[r - 1];
+    let rows: usize = t.shape()[..r - 1].iter().product();
+    if t.is_contiguous() {
+        return Ok(t.reshape(&[rows, last])?);
+    }
+    Err(shape_err(
+        op,
+        format!(
+            "expected a contiguous tensor (or a 2-D view), got shape {:?} strides {:?}",
+            t.shape(),
+            t.strides()
+        ),
+    ))
+}
