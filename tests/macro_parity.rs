@@ -80,16 +80,16 @@ fn features<
     store(y, [r, 0], t + (c as f32) + a + (n << 1) as f32);
 }
 
-type Host = kgen::core::host::HostTensor;
+type T = kgen::runtime::Tensor;
 type FeaturesLaunch = fn(
-    &kgen::runtime::Gpu,
+    &kgen::runtime::Stream,
     [u32; 3],
-    &mut Host,
-    &mut Host,
+    &T,
+    &T,
     f32,
     i32,
     f64,
-) -> Result<kgen::runtime::RunStats, kgen::runtime::RuntimeError>;
+) -> Result<(), kgen::runtime::RuntimeError>;
 
 fn kg(name: &str) -> String {
     let path = format!("{}/kernels-src/{name}.kg", env!("CARGO_MANIFEST_DIR"));
@@ -202,51 +202,121 @@ fn clashing_names_compile() {
     assert!(clashing_names::compile(&clashing_names::options(Arch::Sm80)).is_ok());
 }
 
-/// The typed launcher end to end; skipped (passes) on machines without a CUDA driver.
+/// The typed launchers end to end on one device: results against values computed here
+/// in f64, typed errors before launch.
+fn launch_on(device: &kgen::runtime::Device) -> Vec<Vec<f64>> {
+    use kgen::core::DType;
+    let stream = device.stream();
+    let n = 4001;
+    let xs: Vec<f64> = (0..n).map(|i| i as f64 * 0.5 - 7.25).collect();
+    let ys: Vec<f64> = (0..n).map(|i| 1.0 - i as f64 * 0.125).collect();
+    let x = device.from_f64(DType::F32, &[n], &xs).unwrap();
+    let y = device.from_f64(DType::F32, &[n], &ys).unwrap();
+    let out = device
+        .from_f64(DType::F32, &[n], &vec![f64::NAN; n])
+        .unwrap();
+    vec_add::launch(&stream, [4, 1, 1], &x, &y, &out).expect("launch");
+    let got = out.to_f64_vec().unwrap();
+    for i in 0..n {
+        assert_eq!(got[i], xs[i] + ys[i], "element {i}");
+    }
+    // A wrong dtype, or an output aliasing an input, is refused before the launch.
+    let bad = device.zeros(DType::I32, &[n]).unwrap();
+    assert!(matches!(
+        vec_add::launch(&stream, [4, 1, 1], &x, &y, &bad),
+        Err(kgen::runtime::RuntimeError::Arg(
+            kgen::runtime::ArgError::DtypeMismatch { .. }
+        ))
+    ));
+    assert!(matches!(
+        vec_add::launch(&stream, [4, 1, 1], &x, &y, &x),
+        Err(kgen::runtime::RuntimeError::Arg(
+            kgen::runtime::ArgError::Aliasing { .. }
+        ))
+    ));
+
+    // Rows of 3000 columns take softmax's two-pass path with BLOCK = 1024.
+    let (rows, cols) = (3, 3000);
+    let vals: Vec<f64> = (0..rows * cols)
+        .map(|i| ((i * 37 % 101) as f64) * 0.07 - 3.0)
+        .collect();
+    let sx = device.from_f64(DType::F32, &[rows, cols], &vals).unwrap();
+    let sy = device
+        .from_f64(DType::F32, &[rows, cols], &vec![f64::NAN; rows * cols])
+        .unwrap();
+    softmax::launch(&stream, [rows as u32, 1, 1], &sx, &sy).expect("softmax launch");
+    let sm = sy.to_f64_vec().unwrap();
+    for r in 0..rows {
+        let row = &vals[r * cols..(r + 1) * cols];
+        let m = row.iter().copied().fold(f64::MIN, f64::max);
+        let z: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        for c in 0..cols {
+            let want = (row[c] - m).exp() / z;
+            assert!(
+                (sm[r * cols + c] - want).abs() <= 1e-5 * want,
+                "softmax [{r}, {c}]"
+            );
+        }
+    }
+
+    // Scalars of every kind reach the kernel: features stores t + c + alpha + 2n.
+    let fx = device
+        .from_f64(DType::F32, &[2, 128], &vec![1.0; 256])
+        .unwrap();
+    let fy = device
+        .from_f64(DType::F32, &[2, 64], &vec![f64::NAN; 128])
+        .unwrap();
+    features::launch(&stream, [2, 1, 1], &fx, &fy, 3.0, 5, 0.25).expect("features");
+    // n = 5 > 0 but NEG = false: else branch, t = |1| * 3; c = 0+3+6+9 = 18; 5 << 1 = 10.
+    let f = fy.to_f64_vec().unwrap();
+    assert_eq!(f[0], 3.0 + 18.0 + 0.25 + 10.0);
+    vec![got, sm, f]
+}
+
+#[test]
+fn launch_on_the_interpreter() {
+    launch_on(&kgen::runtime::Device::interpreter());
+}
+
+/// The same on a GPU, compared with the interpreter; skipped (passes) without a driver.
 #[test]
 fn launch_on_gpu_if_present() {
-    let gpu = match kgen::runtime::Gpu::new(0) {
+    let gpu = match kgen::runtime::Device::cuda(0) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("skipped: {e}");
             return;
         }
     };
-    use kgen::core::DType;
-    let n = 4000;
-    let xs: Vec<f64> = (0..n).map(|i| i as f64 * 0.5).collect();
-    let ys: Vec<f64> = (0..n).map(|i| 1.0 - i as f64).collect();
-    let mut x = Host::from_f64(DType::F32, &[n], &xs);
-    let mut y = Host::from_f64(DType::F32, &[n], &ys);
-    let mut out = Host::zeros(DType::F32, &[n]);
-    let stats = vec_add::launch(&gpu, [4, 1, 1], &mut x, &mut y, &mut out).expect("launch");
-    assert!(stats.launched);
-    for i in 0..n {
-        assert_eq!(out.get_linear(i), xs[i] + ys[i], "element {i}");
-    }
-    assert_eq!(x.to_f64_vec(), xs, "inputs come back unchanged");
+    let on_gpu = launch_on(&gpu);
+    let on_interp = launch_on(&kgen::runtime::Device::interpreter());
+    assert_eq!(on_gpu[0], on_interp[0]);
+    assert_eq!(on_gpu[2], on_interp[2]);
+}
 
-    // A wrong dtype is refused before the launch, and the tensors come back.
-    let mut bad = Host::zeros(DType::I32, &[n]);
-    let err = vec_add::launch(&gpu, [4, 1, 1], &mut x, &mut y, &mut bad);
-    assert!(err.is_err());
-    assert_eq!(bad.dtype, DType::I32);
-
-    // Rows of 3000 columns take softmax's two-pass path with BLOCK = 1024.
-    let (rows, cols) = (3, 3000);
-    let vals: Vec<f64> = (0..rows * cols).map(|i| ((i % 97) as f64) * 0.1).collect();
-    let mut sx = Host::from_f64(DType::F32, &[rows, cols], &vals);
-    let mut sy = Host::zeros(DType::F32, &[rows, cols]);
-    softmax::launch(&gpu, [rows as u32, 1, 1], &mut sx, &mut sy).expect("softmax launch");
-    for r in 0..rows {
-        let sum: f64 = (0..cols).map(|c| sy.get_linear(r * cols + c)).sum();
-        assert!((sum - 1.0).abs() < 1e-3, "row {r} sums to {sum}");
+/// The example of docs/LANGUAGE.md's macro section, verbatim.
+mod doc_example {
+    #[kgen::kernel]
+    fn rmsnorm<T: Float = bf16, const BLOCK: i32 = 1024>(
+        x: Tensor<T, 2, Contiguous>,
+        w: Tensor<T, 1, Contiguous>,
+        y: Tensor<T, 2, Contiguous>,
+        eps: f32,
+    ) {
+        let row = bid(0);
+        let xt = load(x, [row, 0], [1, BLOCK]).reshape([BLOCK]) as f32;
+        let r = rsqrt(sum(xt * xt, 0) / (shape(x, 1) as f32) + eps);
+        let wt = load(w, [0], [BLOCK]) as f32;
+        store(y, [row, 0], (xt * r * wt).reshape([1, BLOCK]) as T);
     }
 
-    // Scalars of every kind reach the kernel: features stores t + c + alpha + 2n.
-    let mut fx = Host::from_f64(DType::F32, &[2, 128], &vec![1.0; 256]);
-    let mut fy = Host::zeros(DType::F32, &[2, 64]);
-    features::launch(&gpu, [2, 1, 1], &mut fx, &mut fy, 3.0, 5, 0.25).expect("features");
-    // n = 5 > 0 but NEG = false: else branch, t = |1| * 3; c = 0+3+6+9 = 18; 5 << 1 = 10.
-    assert_eq!(fy.get_linear(0), 3.0 + 18.0 + 0.25 + 10.0);
+    #[test]
+    fn doc_example_compiles_and_is_in_the_doc() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/LANGUAGE.md"))
+            .unwrap();
+        assert!(doc.contains("let r = rsqrt(sum(xt * xt, 0) / (shape(x, 1) as f32) + eps);"));
+        for arch in [kgen::core::Arch::Sm80, kgen::core::Arch::Sm90a] {
+            assert!(rmsnorm::ptx(arch).contains(".entry rmsnorm__T_bf16__BLOCK_1024"));
+        }
+    }
 }

@@ -7,7 +7,9 @@
 #   3. builds the release `kgen` and runs `kgen selftest` (every bundled kernel's cases on
 #      the interpreter against the float64 references; on a GPU machine also on the GPU);
 #   4. compiles every kernel of every kernels-src/*.kg for sm_80 and sm_90a with
-#      `kgen compile` and pipes it into ptxas as a smoke test.
+#      `kgen compile` and pipes it into ptxas as a smoke test;
+#   5. builds the README's `#[kgen::kernel]` example in a fresh `cargo new` crate, runs it
+#      (PTX for sm_90a, a launch on the interpreter) and its insta snapshot test.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -56,5 +58,8 @@ for f in kernels-src/*.kg; do
   done
 done
 echo "$n PTX files assembled"
+
+step "a fresh crate using #[kgen::kernel] (the README example)"
+bash tools/check-fresh-crate.sh "$KGEN_PTXAS"
 
 step "all tests passed"

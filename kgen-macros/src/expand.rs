@@ -80,35 +80,25 @@ pub fn expand(
 
     let mut fn_params = Vec::new();
     let mut arg_exprs = Vec::new();
-    let mut restore = Vec::new();
+    let mut align_pairs = Vec::new();
     let kernel_arg_names: Vec<_> = kernel
         .params
         .iter()
         .map(|p| format_ident!("{}", p.name.name))
         .collect();
-    for (i, p) in kernel.params.iter().enumerate() {
+    for p in kernel.params.iter() {
         let id = format_ident!("{}", p.name.name);
+        let name = p.name.name.as_str();
         match &p.ty {
             ParamType::Tensor(_) => {
-                fn_params.push(quote! { #id: &mut ::kgen::core::host::HostTensor });
-                arg_exprs.push(quote! {
-                    ::kgen::core::host::ArgValue::Tensor(::std::mem::replace(
-                        #id,
-                        ::kgen::core::host::HostTensor::zeros(#id.dtype, &[]),
-                    ))
-                });
-                restore.push(quote! {
-                    if let ::std::option::Option::Some(::kgen::core::host::ArgValue::Tensor(__kgen_t)) =
-                        __kgen_args.get_mut(#i)
-                    {
-                        ::std::mem::swap(#id, __kgen_t);
-                    }
-                });
+                fn_params.push(quote! { #id: &::kgen::runtime::Tensor });
+                arg_exprs.push(quote! { ::kgen::runtime::Arg::Tensor(#id) });
+                align_pairs.push(quote! { (#name, #id) });
             }
             ParamType::Scalar(dt) => {
                 let (rust_ty, value) = scalar_arg(&dt.name, &id);
                 fn_params.push(quote! { #id: #rust_ty });
-                arg_exprs.push(quote! { ::kgen::core::host::ArgValue::Scalar(#value) });
+                arg_exprs.push(quote! { ::kgen::runtime::Arg::Scalar(#value) });
             }
         }
     }
@@ -117,7 +107,7 @@ pub fn expand(
         #(#docs)*
         #[doc = ""]
         #[doc = #doc]
-        #[allow(non_snake_case, dead_code, clippy::too_many_arguments)]
+        #[allow(non_snake_case, dead_code, unused_variables, clippy::too_many_arguments)]
         #vis mod #mod_name {
             /// The kernel as `.kg` source text, compiled at run time by [`compile`].
             pub const SOURCE: &str = #source;
@@ -173,46 +163,38 @@ pub fn expand(
                 ::kgen::core::DType::F32
             }
 
-            /// Compiles for the GPU's arch with default generics and runs on `grid`.
-            /// Tensor dtypes, ranks and layouts are checked against the kernel before
-            /// anything touches the GPU.
+            /// Launches with default generics on `stream` (a GPU stream, or the
+            /// interpreter's), over `grid`. The kernel is compiled on first use for the
+            /// device's arch and the tensors' actual alignments, then cached. Dtypes,
+            /// ranks, extents, contiguity, alignment, device and aliasing are checked
+            /// before the launch; nothing synchronizes.
             pub fn launch(
-                __kgen_gpu: &::kgen::runtime::Gpu,
+                __kgen_stream: &::kgen::runtime::Stream,
                 __kgen_grid: [u32; 3],
                 #(#fn_params),*
-            ) -> ::std::result::Result<::kgen::runtime::RunStats, ::kgen::runtime::RuntimeError> {
-                let __kgen_arch = __kgen_gpu.arch().ok_or_else(|| {
-                    ::kgen::runtime::RuntimeError::Incompatible {
-                        entry: ::std::string::ToString::to_string(self::NAME),
-                        why: ::std::string::ToString::to_string("kgen does not target this GPU"),
-                    }
-                })?;
-                self::launch_with(
-                    __kgen_gpu,
-                    &self::options(__kgen_arch),
-                    __kgen_grid,
-                    #(#kernel_arg_names),*
-                )
+            ) -> ::std::result::Result<(), ::kgen::runtime::RuntimeError> {
+                let __kgen_opts = self::options(__kgen_stream.device().arch());
+                self::launch_with(__kgen_stream, &__kgen_opts, __kgen_grid, #(#kernel_arg_names),*)
             }
 
-            /// Like [`launch`], for any specialization (`opts.defines`, warps, alignment).
+            /// Like [`launch`], for any specialization (`opts.defines`, warps). The
+            /// tensor alignments are taken from the tensors.
             pub fn launch_with(
-                __kgen_gpu: &::kgen::runtime::Gpu,
+                __kgen_stream: &::kgen::runtime::Stream,
                 __kgen_opts: &::kgen::core::CompileOptions,
                 __kgen_grid: [u32; 3],
                 #(#fn_params),*
-            ) -> ::std::result::Result<::kgen::runtime::RunStats, ::kgen::runtime::RuntimeError> {
-                let __kgen_kernel = self::compile(__kgen_opts).map_err(|__kgen_d| {
-                    ::kgen::runtime::RuntimeError::Incompatible {
-                        entry: ::std::string::ToString::to_string(self::NAME),
-                        why: __kgen_d.render(&::kgen::core::SourceFile::new(#file_name, self::SOURCE)),
-                    }
-                })?;
-                let __kgen_loaded = __kgen_gpu.load(&__kgen_kernel)?;
-                let mut __kgen_args = ::std::vec![#(#arg_exprs),*];
-                let __kgen_result = __kgen_gpu.run(&__kgen_loaded, __kgen_grid, &mut __kgen_args);
-                #(#restore)*
-                __kgen_result
+            ) -> ::std::result::Result<(), ::kgen::runtime::RuntimeError> {
+                let mut __kgen_opts = __kgen_opts.clone();
+                __kgen_opts.tensor_align = ::kgen::runtime::alignments(&[#(#align_pairs),*]);
+                let __kgen_device = __kgen_stream.device();
+                let __kgen_k = __kgen_device.kernel(
+                    &::kgen::core::SourceFile::new(#file_name, self::SOURCE),
+                    &__kgen_opts,
+                )?;
+                let __kgen_kernel = __kgen_k.compiled();
+                let __kgen_args = [#(#arg_exprs),*];
+                __kgen_device.launch(__kgen_stream, &__kgen_k, __kgen_grid, &__kgen_args)
             }
         }
     }

@@ -17,7 +17,7 @@
 //!     store(out, [i], load(x, [i], [BLOCK]) + load(y, [i], [BLOCK]));
 //! }
 //! // vec_add::SOURCE, vec_add::ptx(Arch::Sm90a), vec_add::compile(&opts),
-//! // vec_add::launch(&gpu, [n, 1, 1], &mut x, &mut y, &mut out)
+//! // vec_add::launch(&device.stream(), [n.div_ceil(1024) as u32, 1, 1], &x, &y, &out)
 //! ```
 //!
 //! # Syntax mapping (Rust → `.kg`)
@@ -63,17 +63,20 @@
 //!     pub fn options(arch: Arch) -> CompileOptions;
 //!     pub fn compile(opts: &CompileOptions) -> Result<CompiledKernel, Diagnostics>;
 //!     pub fn ptx(arch: Arch) -> String;       // default generics; panics if it fails
-//!     pub fn launch(gpu: &Gpu, grid: [u32; 3], x: &mut HostTensor, ..., eps: f32)
-//!         -> Result<RunStats, RuntimeError>;
-//!     pub fn launch_with(gpu: &Gpu, opts: &CompileOptions, grid: [u32; 3], ...)
-//!         -> Result<RunStats, RuntimeError>;
+//!     pub fn launch(stream: &Stream, grid: [u32; 3], x: &Tensor, ..., eps: f32)
+//!         -> Result<(), RuntimeError>;
+//!     pub fn launch_with(stream: &Stream, opts: &CompileOptions, grid: [u32; 3], ...)
+//!         -> Result<(), RuntimeError>;
 //! }
 //! ```
-//! Launcher arguments mirror the signature: tensors are `&mut HostTensor` (dtype, rank,
-//! constant extents and `Contiguous` are checked by the runtime before the launch; outputs
-//! are written back), scalars take their Rust type (`f32`, `i32`, `u32`, `i64`, `bool`;
-//! `f16`/`bf16` take an `f32` rounded to nearest even; a generic dtype `T` takes an `f64`
-//! converted to the specialization's dtype).
+//! Launcher arguments mirror the signature: tensors are `&kgen::runtime::Tensor` (device
+//! tensors, or interpreter tensors on a machine without a GPU: `Device::best()`); their
+//! dtype, rank, constant extents, `Contiguous`, alignment, device and aliasing are checked
+//! before the launch, which is asynchronous. Scalars take their Rust type (`f32`, `i32`,
+//! `u32`, `i64`, `bool`; `f16`/`bf16` take an `f32` rounded to nearest even; a generic
+//! dtype `T` takes an `f64` converted to the specialization's dtype). The kernel is
+//! compiled on first use per (device, specialization, alignment) and cached by the
+//! runtime (in memory, and the driver's JIT output on disk).
 //!
 //! # Trade-off: compile at build time or at run time?
 //!

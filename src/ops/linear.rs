@@ -1,1 +1,123 @@
-//! Placeholder: being written.
+//! `matmul`: c = a @ b on strided 2-D tensors (`kernels-src/matmul.kg`), so transposed
+//! operands are free views: `a.transpose(0, 1)`. The portable `dot` path (CUDA-core FMA);
+//! meant for the small matrices of the training demo and tests, not a cuBLAS peer.
+
+use super::{dtype_err, float_dtype, shape_err, OpError, Ops};
+use kgen_runtime::{grid_2d, Arg, Tensor};
+
+const BM: usize = 32;
+const BN: usize = 32;
+
+impl Ops {
+    /// `a [M, K] @ b [K, N]` → a new `[M, N]` tensor of the operands' dtype.
+    pub fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
+        let (m, n) = (
+            a.shape().first().copied().unwrap_or(0),
+            b.shape().get(1).copied().unwrap_or(0),
+        );
+        let c = self.empty(a.dtype(), &[m, n])?;
+        self.matmul_into(a, b, &c)?;
+        Ok(c)
+    }
+
+    /// `c = a @ b` into an existing `[M, N]` tensor (any strides).
+    pub fn matmul_into(&self, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<(), OpError> {
+        const OP: &str = "matmul";
+        let t = float_dtype(OP, a)?;
+        if b.dtype() != t || c.dtype() != t {
+            return Err(dtype_err(
+                OP,
+                format!(
+                    "operands must share a dtype: a {t}, b {}, c {}",
+                    b.dtype(),
+                    c.dtype()
+                ),
+            ));
+        }
+        if a.rank() != 2 || b.rank() != 2 || c.rank() != 2 {
+            return Err(shape_err(OP, "a, b and c must be 2-D"));
+        }
+        let (m, k) = (a.shape()[0], a.shape()[1]);
+        let n = b.shape()[1];
+        if b.shape()[0] != k || c.shape() != [m, n] {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "{:?} @ {:?} -> {:?} does not fit",
+                    a.shape(),
+                    b.shape(),
+                    c.shape()
+                ),
+            ));
+        }
+        let kern = self.kernel(
+            "matmul",
+            "matmul",
+            &[("T", t.to_string())],
+            None,
+            &[("a", a), ("b", b), ("c", c)],
+        )?;
+        self.launch(
+            &kern,
+            grid_2d(m, BM, n, BN)?,
+            &[Arg::from(a), Arg::from(b), Arg::from(c)],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cases::Rng;
+    use crate::ops::Ops;
+    use kgen_core::types::DType;
+    use kgen_runtime::Device;
+
+    #[test]
+    fn matmul_with_transposed_views_matches_f64() {
+        let d = Device::interpreter();
+        let ops = Ops::new(&d);
+        let mut rng = Rng::new(7);
+        for &(m, k, n) in &[(1usize, 1usize, 1usize), (7, 13, 5), (40, 33, 70)] {
+            let av: Vec<f64> = (0..m * k).map(|_| rng.normalish()).collect();
+            let bv: Vec<f64> = (0..k * n).map(|_| rng.normalish()).collect();
+            let a = d.from_f64(DType::F32, &[m, k], &av).unwrap();
+            // b stored transposed: [n, k], viewed as [k, n].
+            let mut bt = vec![0.0; k * n];
+            for i in 0..k {
+                for j in 0..n {
+                    bt[j * k + i] = bv[i * n + j];
+                }
+            }
+            let b = d
+                .from_f64(DType::F32, &[n, k], &bt)
+                .unwrap()
+                .transpose(0, 1)
+                .unwrap();
+            let c = d
+                .from_f64(DType::F32, &[m, n], &vec![f64::NAN; m * n])
+                .unwrap();
+            ops.matmul_into(&a, &b, &c).unwrap();
+            let got = c.to_f64_vec().unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k).map(|p| av[i * k + p] * bv[p * n + j]).sum();
+                    assert!(
+                        (got[i * n + j] - want).abs() < 1e-5 * (k as f64),
+                        "{m}x{k}x{n} [{i},{j}]"
+                    );
+                }
+            }
+        }
+        let a = d.zeros(DType::F32, &[3, 4]).unwrap();
+        let b = d.zeros(DType::F32, &[5, 2]).unwrap();
+        assert!(matches!(
+            ops.matmul(&a, &b),
+            Err(crate::ops::OpError::Shape { .. })
+        ));
+        let bh = d.zeros(DType::F16, &[4, 2]).unwrap();
+        assert!(matches!(
+            ops.matmul(&a, &bh),
+            Err(crate::ops::OpError::Dtype { .. })
+        ));
+    }
+}
