@@ -6,6 +6,7 @@ mod common;
 mod compile;
 mod run;
 mod selftest;
+mod selftest_ops;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use common::CliError;
@@ -131,7 +132,8 @@ struct SelftestArgs {
     /// The full size set (awkward sizes 1, 7, 1000, 4097, ...) instead of the quick one.
     #[arg(long)]
     full: bool,
-    /// Only cases whose label contains this text.
+    /// Only cases whose label contains this text (`ops`: only the op library and
+    /// `#[kernel]` launcher checks, which otherwise run after the cases when no filter is given).
     #[arg(long, value_name = "PAT")]
     filter: Option<String>,
     /// Seed of the cases' random inputs.

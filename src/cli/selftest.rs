@@ -199,11 +199,13 @@ pub fn selftest(a: SelftestArgs) -> CliResult {
         }
     };
     let arch = gpu.as_ref().and_then(|g| g.arch()).unwrap_or(Arch::Sm90a);
+    // `--filter ops`: only the op library and #[kernel] checks.
+    let ops_only = a.filter.as_deref() == Some("ops");
     let mut cases = all_cases(a.seed, sizes);
     if let Some(pat) = &a.filter {
         cases.retain(|c| c.label.contains(pat.as_str()));
     }
-    if cases.is_empty() {
+    if cases.is_empty() && !ops_only {
         return Err(CliError::Msg(match &a.filter {
             Some(p) => format!("no test case label contains `{p}`"),
             None => "the case table is empty".to_string(),
@@ -281,10 +283,22 @@ pub fn selftest(a: SelftestArgs) -> CliResult {
             }
         }
     }
-    let n_fail = failures.len();
+    // The op library and #[kernel] launchers, on the same device.
+    let device = match &gpu {
+        Some(_) => {
+            kgen::runtime::Device::cuda(0).unwrap_or_else(|_| kgen::runtime::Device::interpreter())
+        }
+        None => kgen::runtime::Device::interpreter(),
+    };
+    let op_failures = if a.filter.is_none() || ops_only {
+        super::selftest_ops::run(&device)
+    } else {
+        0
+    };
+    let n_fail = failures.len() + op_failures;
     say(format_args!(
-        "selftest: {} passed, {} failed, {:.1} s, {}",
-        cases.len() - n_fail,
+        "selftest: {} case(s) passed, {} failed, {:.1} s, {}",
+        cases.len() - failures.len(),
         n_fail,
         start.elapsed().as_secs_f64(),
         match &gpu {

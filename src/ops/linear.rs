@@ -65,6 +65,57 @@ impl Ops {
     }
 }
 
+/// `matmul` on awkward shapes with a transposed operand, against f64.
+pub fn gpu_checks(device: &kgen_runtime::Device) -> Vec<(String, Result<f64, String>)> {
+    use kgen_core::types::DType;
+    let ops = Ops::new(device);
+    let mut out = Vec::new();
+    for &(m, k, n, dt, tol) in &[
+        (257usize, 300usize, 129usize, DType::F32, 1e-4),
+        (100, 64, 1000, DType::BF16, 2e-2),
+    ] {
+        let label = format!("matmul {dt} [{m}x{k}] @ [{n}x{k}].T");
+        let r = (|| -> Result<f64, String> {
+            let e = |x: OpError| x.to_string();
+            let mut rng = crate::cases::Rng::new(11);
+            let av: Vec<f64> = (0..m * k).map(|_| rng.normalish()).collect();
+            let bt: Vec<f64> = (0..n * k).map(|_| rng.normalish()).collect();
+            let a = device.from_f64(dt, &[m, k], &av).map_err(|x| e(x.into()))?;
+            let b = device.from_f64(dt, &[n, k], &bt).map_err(|x| e(x.into()))?;
+            let c = device
+                .from_f64(dt, &[m, n], &vec![f64::NAN; m * n])
+                .map_err(|x| e(x.into()))?;
+            ops.matmul_into(&a, &b.transpose(0, 1).map_err(|x| e(x.into()))?, &c)
+                .map_err(e)?;
+            let (ar, br) = (
+                a.to_f64_vec().map_err(|x| e(x.into()))?,
+                b.to_f64_vec().map_err(|x| e(x.into()))?,
+            );
+            let got = c.to_f64_vec().map_err(|x| e(x.into()))?;
+            let mut worst = 0.0f64;
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k).map(|p| ar[i * k + p] * br[j * k + p]).sum();
+                    let scale: f64 = (0..k).map(|p| (ar[i * k + p] * br[j * k + p]).abs()).sum();
+                    let err = (got[i * n + j] - want).abs() / scale.max(1e-30);
+                    if !err.is_finite() {
+                        return Err(format!("[{i}, {j}] = {}", got[i * n + j]));
+                    }
+                    worst = worst.max(err);
+                }
+            }
+            if worst > tol {
+                return Err(format!(
+                    "error {worst:.2e} relative to sum|a*b| exceeds {tol:.0e}"
+                ));
+            }
+            Ok(worst)
+        })();
+        out.push((label, r));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use crate::cases::Rng;

@@ -212,3 +212,11 @@ pub(crate) fn as_rows(op: &'static str, t: &Tensor) -> Result<Tensor, OpError> {
         ),
     ))
 }
+
+/// Every op run once on `device` against a float64 reference (the op half of
+/// `kgen selftest`): (label, max relative error, or why it failed).
+pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
+    let mut v = Vec::new();
+    v.extend(linear::gpu_checks(device));
+    v
+}
