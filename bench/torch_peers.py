@@ -179,7 +179,7 @@ def _workloads() -> list[Workload]:
             ("eager", "compile"), "rope", {"b": b, "s": s, "h": h, "d": d, "bwd": bwd}))
     w.append(Workload(
         "softmax_fwd_bf16_16384x4096", "16384x4096", "bf16", 4 * 16384 * 4096,
-        "4*R*C: read x, write y (bf16)", ("eager",), "softmax",
+        "4*R*C: read x, write y (bf16)", ("eager", "compile"), "softmax",
         {"rows": 16384, "cols": 4096}))
     # Cross-entropy, mean reduction, fwd+bwd (grad of the loss w.r.t. the logits).
     for rows, vocab, ignore in ((8192, 50257, True), (4096, 128256, False)):

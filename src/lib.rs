@@ -7,7 +7,9 @@ pub use kgen_core as core;
 pub use kgen_macros::kernel;
 pub use kgen_runtime as runtime;
 
+pub mod bench;
 pub mod bundled;
 pub mod cases;
 pub mod ops;
 pub mod optim;
+pub mod train;

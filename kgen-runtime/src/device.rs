@@ -52,11 +52,19 @@ impl std::fmt::Debug for Device {
 
 impl Device {
     fn from_backend(backend: Backend, fallback_reason: Option<String>) -> Device {
+        Device::with_kernel_cache(backend, fallback_reason, KernelCache::from_env())
+    }
+
+    fn with_kernel_cache(
+        backend: Backend,
+        fallback_reason: Option<String>,
+        kernels: KernelCache,
+    ) -> Device {
         Device {
             inner: Arc::new(DeviceInner {
                 id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
                 backend,
-                kernels: KernelCache::from_env(),
+                kernels,
                 fallback_reason,
                 uploads: Mutex::new(None),
             }),
@@ -67,6 +75,15 @@ impl Device {
     /// ([`RuntimeError::NoDriver`] / [`RuntimeError::NoDevice`]); it never panics. A GPU
     /// kgen does not target (neither sm_80-class nor sm_90) is refused as well.
     pub fn cuda(ordinal: usize) -> Result<Device, RuntimeError> {
+        Device::cuda_with_disk_cache(ordinal, crate::disk_cache::DiskCache::from_env())
+    }
+
+    /// [`Device::cuda`] with an explicit disk cache (`None`: memory only) instead of the
+    /// one the environment names; for tests and tools that must not share `~/.cache`.
+    pub fn cuda_with_disk_cache(
+        ordinal: usize,
+        disk: Option<crate::disk_cache::DiskCache>,
+    ) -> Result<Device, RuntimeError> {
         let gpu = Gpu::new(ordinal)?;
         if gpu.arch().is_none() {
             return Err(RuntimeError::NoDevice(format!(
@@ -74,7 +91,11 @@ impl Device {
                 gpu.info()
             )));
         }
-        Ok(Device::from_backend(Backend::Cuda(gpu), None))
+        Ok(Device::with_kernel_cache(
+            Backend::Cuda(gpu),
+            None,
+            KernelCache::with_disk(disk),
+        ))
     }
 
     /// The CPU interpreter: the same API and results, slowly.

@@ -460,8 +460,9 @@ pub fn check_grid(grid: [u32; 3]) -> Result<(), RuntimeError> {
 
 /// Compares the PTX entry's parameter list (as the driver sees it, through
 /// cuFuncGetParamInfo, CUDA 12.4+) with the ABI. Accepts silently when the driver cannot
-/// tell. Only the ABI's parameters are probed: probing one past the end would be an API
-/// error by design, which compute-sanitizer rightly reports.
+/// tell. Only the ABI's parameters are probed (probing one past the end would be an API
+/// error by design, which compute-sanitizer reports); extra PTX parameters are found by
+/// counting the entry's `.param` declarations in the PTX text.
 fn check_param_layout(func: &CudaFunction, kernel: &CompiledKernel) -> Result<(), String> {
     let f = func.cu_function();
     let n = kernel.abi.params.len();
@@ -485,7 +486,33 @@ fn check_param_layout(func: &CudaFunction, kernel: &CompiledKernel) -> Result<()
             ));
         }
     }
+    // No parameter beyond the ABI's: counted in the PTX text, since probing index n
+    // with the driver would be a failing API call (which compute-sanitizer reports).
+    if let Some(count) = ptx_entry_param_count(&kernel.ptx, &kernel.entry) {
+        if count != n {
+            return Err(format!(
+                "the PTX entry has {count} parameter(s), the ABI lists {n}"
+            ));
+        }
+    }
     Ok(())
+}
+
+/// The number of `.param` declarations of `.entry <entry>(...)` in a PTX text, or
+/// `None` when the entry is not found.
+pub(crate) fn ptx_entry_param_count(ptx: &str, entry: &str) -> Option<usize> {
+    let mut rest = ptx;
+    loop {
+        let at = rest.find(".entry")?;
+        let after = rest[at + ".entry".len()..].trim_start();
+        if let Some(list) = after.strip_prefix(entry) {
+            if let Some(list) = list.trim_start().strip_prefix('(') {
+                let list = &list[..list.find(')')?];
+                return Some(list.matches(".param").count());
+            }
+        }
+        rest = &rest[at + ".entry".len()..];
+    }
 }
 
 /// Loads the PTX again with an error-log buffer to recover the JIT's message.

@@ -16,7 +16,7 @@ use crate::error::{ArgError, DriverResultExt, RuntimeError};
 use crate::kernel::{Exec, Kernel};
 use crate::tensor::Tensor;
 use crate::validate::{check_tensor_view, scalar_param_bits, source_param_name};
-use cudarc::driver::{result, sys};
+use cudarc::driver::sys;
 use kgen_core::abi::{AbiSlot, SourceParam};
 use kgen_core::host::{ArgValue, HostTensor};
 use kgen_core::types::{DType, Scalar};
@@ -242,20 +242,20 @@ pub fn check_args(device: &Device, k: &Kernel, args: &[Arg]) -> Result<(), Runti
     Ok(())
 }
 
-/// The PTX parameter values, each in the low bytes of a u64.
-fn pack(k: &Kernel, args: &[Arg]) -> Result<Vec<u64>, RuntimeError> {
+/// Writes the PTX parameter values, each in the low bytes of a u64, into `out`
+/// (exactly one per ABI parameter).
+pub(crate) fn pack_into(k: &Kernel, args: &[Arg], out: &mut [u64]) -> Result<(), RuntimeError> {
     let abi = &k.compiled.abi;
     let bad = |why: String| RuntimeError::Incompatible {
         entry: k.compiled.entry.clone(),
         why,
     };
-    let mut out = Vec::with_capacity(abi.params.len());
-    for p in &abi.params {
+    for (p, o) in abi.params.iter().zip(out.iter_mut()) {
         let tensor = |param: u32| match args.get(param as usize) {
             Some(Arg::Tensor(t)) => Ok(*t),
             _ => Err(bad(format!("`{}` is not a tensor argument", p.ptx_name))),
         };
-        let v = match &p.slot {
+        *o = match &p.slot {
             AbiSlot::TensorPtr { param } => tensor(*param)?.device_ptr().unwrap_or(0),
             AbiSlot::TensorDim { param, dim } => {
                 tensor(*param)?.shape()[*dim as usize] as u32 as u64
@@ -268,9 +268,63 @@ fn pack(k: &Kernel, args: &[Arg]) -> Result<Vec<u64>, RuntimeError> {
                 _ => return Err(bad(format!("`{}` is not a scalar argument", p.ptx_name))),
             },
         };
-        out.push(v);
     }
-    Ok(out)
+    Ok(())
+}
+
+/// Parameters packed on the stack up to this many (no allocation per launch).
+const INLINE_PARAMS: usize = 48;
+
+/// Packs the parameters and calls cuLaunchKernel.
+fn launch_cuda(
+    k: &Kernel,
+    func: sys::CUfunction,
+    grid: [u32; 3],
+    stream: sys::CUstream,
+    args: &[Arg],
+) -> Result<(), RuntimeError> {
+    let n = k.compiled.abi.params.len();
+    let mut inline_values = [0u64; INLINE_PARAMS];
+    let mut heap_values = Vec::new();
+    let values: &mut [u64] = if n <= INLINE_PARAMS {
+        &mut inline_values[..n]
+    } else {
+        heap_values.resize(n, 0u64);
+        &mut heap_values
+    };
+    pack_into(k, args, values)?;
+    let mut inline_ptrs = [std::ptr::null_mut::<std::ffi::c_void>(); INLINE_PARAMS];
+    let mut heap_ptrs = Vec::new();
+    let ptrs: &mut [*mut std::ffi::c_void] = if n <= INLINE_PARAMS {
+        &mut inline_ptrs[..n]
+    } else {
+        heap_ptrs.resize(n, std::ptr::null_mut());
+        &mut heap_ptrs
+    };
+    for (p, v) in ptrs.iter_mut().zip(values.iter_mut()) {
+        *p = v as *mut u64 as *mut std::ffi::c_void;
+    }
+    let launch = k.compiled.launch;
+    // SAFETY: `func` is a loaded function of the current context; `ptrs` holds one
+    // pointer per PTX parameter (checked against the PTX at load), each to a u64 whose
+    // low bytes hold the value (little-endian), alive until cuLaunchKernel returns.
+    unsafe {
+        sys::cuLaunchKernel(
+            func,
+            grid[0],
+            grid[1],
+            grid[2],
+            launch.threads_per_block,
+            1,
+            1,
+            launch.dynamic_shared_bytes,
+            stream,
+            ptrs.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()
+    }
+    .op("cuLaunchKernel")
 }
 
 impl Device {
@@ -295,23 +349,12 @@ impl Device {
         }
         match &k.exec {
             Exec::Cuda(loaded) => {
-                let values = pack(k, args)?;
-                let mut ptrs: Vec<*mut std::ffi::c_void> = values
-                    .iter()
-                    .map(|v| v as *const u64 as *mut std::ffi::c_void)
-                    .collect();
-                let launch = k.compiled.launch;
-                unsafe {
-                    result::launch_kernel(
-                        loaded.func.cu_function(),
-                        (grid[0], grid[1], grid[2]),
-                        (launch.threads_per_block, 1, 1),
-                        launch.dynamic_shared_bytes,
-                        stream.raw(),
-                        &mut ptrs,
-                    )
+                // The caller's thread may not have the context current (a worker
+                // thread); binding is a cuCtxGetCurrent when it already is.
+                if let Some(g) = self.gpu() {
+                    g.ctx.bind_to_thread().op("binding the context")?;
                 }
-                .op("cuLaunchKernel")
+                launch_cuda(k, loaded.func.cu_function(), grid, stream.raw(), args)
             }
             Exec::Interp(func) => run_interpreted(func, grid, &k.compiled.abi.source_params, args),
         }

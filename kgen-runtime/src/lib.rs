@@ -61,3 +61,5 @@ mod tests;
 mod tests_api;
 #[cfg(test)]
 mod tests_e2e;
+#[cfg(test)]
+mod tests_gpu_api;

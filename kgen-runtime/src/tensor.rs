@@ -605,6 +605,6 @@ fn nested(t: &Tensor) -> bool {
         .zip(t.shape.iter().copied())
         .filter(|&(_, n)| n > 1)
         .collect();
-    dims.sort_by(|a, b| b.0.cmp(&a.0));
+    dims.sort_by_key(|d| std::cmp::Reverse(d.0));
     dims.windows(2).all(|w| w[0].0 >= w[1].0 * w[1].1) && dims.iter().all(|&(s, _)| s > 0)
 }

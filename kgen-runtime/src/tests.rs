@@ -656,3 +656,14 @@ fn gpu_launches_handwritten_ptx() {
     let k = axpy_kernel(kgen_core::Arch::Sm80);
     assert!(gpu.load(&k).is_ok());
 }
+
+#[test]
+fn ptx_entry_params_are_counted_per_entry() {
+    let ptx = ".version 8.0\n.visible .entry k_long(\n .param .u64 a\n)\n{ ret; }\n\
+               .visible .entry k(\n    .param .u64 x_ptr,\n    .param .f32 alpha\n)\n{ ret; }\n\
+               .visible .entry empty()\n{ ret; }\n";
+    assert_eq!(crate::gpu::ptx_entry_param_count(ptx, "k"), Some(2));
+    assert_eq!(crate::gpu::ptx_entry_param_count(ptx, "k_long"), Some(1));
+    assert_eq!(crate::gpu::ptx_entry_param_count(ptx, "empty"), Some(0));
+    assert_eq!(crate::gpu::ptx_entry_param_count(ptx, "missing"), None);
+}

@@ -282,7 +282,7 @@ fn strided_written_views_write_back_only_their_elements() {
         .unwrap();
     let src: Vec<f32> = (0..5 * 8).map(|i| i as f32 + 1.0).collect();
     let x = d.from_slice(&[5, 8], &src).unwrap();
-    let y = d.from_slice(&[5, 8], &vec![-7.0f32; 40]).unwrap();
+    let y = d.from_slice(&[5, 8], &[-7.0f32; 40]).unwrap();
     // Write the left half of y from the right half of x.
     let xl = x.narrow(1, 4, 4).unwrap();
     let yl = y.narrow(1, 0, 4).unwrap();

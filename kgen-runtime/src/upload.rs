@@ -12,7 +12,8 @@
 use crate::device::Stream;
 use crate::error::{DriverResultExt, RuntimeError};
 use crate::tensor::Tensor;
-use cudarc::driver::{result, sys};
+use cudarc::driver::{result, sys, CudaContext};
+use std::sync::Arc;
 
 /// Staging slots in the ring.
 pub const SLOTS: usize = 64;
@@ -29,30 +30,51 @@ struct Slot {
 pub(crate) struct PinnedRing {
     slots: Vec<Slot>,
     next: usize,
+    /// Keeps the context alive until the slots are freed (the device's fields may drop
+    /// in any order).
+    ctx: Arc<CudaContext>,
 }
 
 // The raw pointers are owned by the ring and only touched under the device's mutex.
 unsafe impl Send for PinnedRing {}
 
 impl PinnedRing {
-    fn new() -> Result<PinnedRing, RuntimeError> {
-        let mut slots = Vec::with_capacity(SLOTS);
+    fn new(ctx: Arc<CudaContext>) -> Result<PinnedRing, RuntimeError> {
+        // Built in place so that a failure halfway frees what was allocated (Drop).
+        let mut ring = PinnedRing {
+            slots: Vec::with_capacity(SLOTS),
+            next: 0,
+            ctx,
+        };
         for _ in 0..SLOTS {
             let host = unsafe { result::malloc_host(SLOT_BYTES, 0) }.op("cuMemHostAlloc")?;
-            let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .op("cuEventCreate")?;
-            slots.push(Slot {
+            let event = match result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING) {
+                Ok(e) => e,
+                Err(err) => {
+                    let _ = unsafe { result::free_host(host) };
+                    return Err(RuntimeError::Driver {
+                        op: "cuEventCreate",
+                        err,
+                    });
+                }
+            };
+            ring.slots.push(Slot {
                 host: host as *mut u8,
                 event,
                 used: false,
             });
         }
-        Ok(PinnedRing { slots, next: 0 })
+        Ok(ring)
     }
 }
 
 impl Drop for PinnedRing {
     fn drop(&mut self) {
+        // Dropping may happen on any thread: the events and pinned pages belong to the
+        // context, which must be current to free them.
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
         for s in &self.slots {
             unsafe {
                 if s.used {
@@ -106,7 +128,7 @@ pub(crate) fn upload_async(
             .lock()
             .map_err(|_| RuntimeError::Transfer("the upload ring lock was poisoned".into()))?;
         if guard.is_none() {
-            *guard = Some(PinnedRing::new()?);
+            *guard = Some(PinnedRing::new(gpu.ctx.clone())?);
         }
         let ring = guard.as_mut().expect("just created");
         let i = ring.next;

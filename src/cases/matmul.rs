@@ -43,26 +43,18 @@ fn operand(rng: &mut Rng, dtype: DType, rows: usize, cols: usize, transposed: bo
 }
 
 /// One `matmul` case.
-pub fn case(
-    seed: u64,
-    dtype: DType,
-    m: usize,
-    k: usize,
-    n: usize,
-    a_t: bool,
-    b_t: bool,
-) -> Case {
+pub fn case(seed: u64, dtype: DType, m: usize, k: usize, n: usize, a_t: bool, b_t: bool) -> Case {
     let t = |x: bool| if x { ".T" } else { "" };
-    let label = format!(
-        "matmul T={dtype} [{m}x{k}]{} @ [{k}x{n}]{}",
-        t(a_t),
-        t(b_t)
-    );
+    let label = format!("matmul T={dtype} [{m}x{k}]{} @ [{k}x{n}]{}", t(a_t), t(b_t));
     let mut rng = Rng::for_case(seed, &label);
     let a = operand(&mut rng, dtype, m, k, a_t);
     let b = operand(&mut rng, dtype, k, n, b_t);
     let c = poisoned(dtype, &[m, n]);
-    let args = vec![ArgValue::Tensor(a), ArgValue::Tensor(b), ArgValue::Tensor(c)];
+    let args = vec![
+        ArgValue::Tensor(a),
+        ArgValue::Tensor(b),
+        ArgValue::Tensor(c),
+    ];
     let (bm, bn) = (32usize, 32usize);
     Case {
         kernel: "matmul",

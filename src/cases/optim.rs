@@ -1,7 +1,310 @@
-//! Placeholder: cases for this kernel family are being written.
+//! `optim.kg`: the multi-tensor AdamW step (`adamw_multi`) over a flat buffer of several
+//! param groups, and the gradient statistics (`grad_stats`, `grad_stats_finalize`,
+//! `scale_by`). Inputs are finite and nonzero (the table's rule), so non-finite gradients
+//! are tested through the op path (`kgen::optim` tests and GPU checks), which runs these
+//! same kernels.
 
 use super::*;
+use crate::optim::{FlatLayout, ParamGroup, HP_COLS};
 
-pub(crate) fn cases(_seed: u64, _sizes: SizeSet) -> Vec<Case> {
-    Vec::new()
+pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
+    use DType::*;
+    let mut v = Vec::new();
+    // (T, S, group shapes, BLOCK, grid): grid None = one chunk per block.
+    type Row = (
+        DType,
+        DType,
+        &'static [&'static [usize]],
+        usize,
+        Option<usize>,
+    );
+    let quick: &[Row] = &[
+        (F32, F32, &[&[1, 7], &[1000], &[4097]], 1024, None),
+        (F32, F32, &[&[4097, 1], &[7]], 512, Some(3)),
+        (BF16, F32, &[&[7], &[1000, 1, 4097]], 1024, None),
+        (BF16, BF16, &[&[1], &[7], &[1000], &[4097]], 256, Some(5)),
+        (F16, F32, &[&[1000, 7], &[1]], 1024, Some(1)),
+        (F16, F16, &[&[4097]], 2048, None),
+    ];
+    for &(t, s, groups, block, grid) in quick {
+        v.push(adamw_multi_case(seed, t, s, groups, block, grid));
+    }
+    for &(dt, n, block, grid) in &[
+        (F32, 1usize, 1024usize, None),
+        (F32, 7, 1024, None),
+        (F32, 1000, 1024, None),
+        (F32, 4097, 1024, None),
+        (F32, 4097, 256, Some(3)),
+        (BF16, 4097, 1024, Some(2)),
+        (F16, 1000, 128, Some(5)),
+        (BF16, 7, 1024, Some(4)), // more blocks than chunks: rows without chunks are 0
+    ] {
+        v.push(grad_stats_case(seed, dt, n, block, grid));
+    }
+    for &(rows, max_norm) in &[(1usize, 1.0f64), (7, 1e9), (1000, 5.0), (4097, 1e9)] {
+        v.push(finalize_case(seed, rows, max_norm));
+    }
+    for &(dt, n, block, grid, coef) in &[
+        (F32, 1usize, 1024usize, None, 0.37),
+        (F32, 4097, 1024, None, 0.37),
+        (F32, 1000, 256, Some(2), 1.0), // coefficient 1: the blocks skip, g unchanged
+        (BF16, 4097, 512, Some(3), 0.05),
+        (F16, 7, 1024, None, 0.9),
+    ] {
+        v.push(scale_by_case(seed, dt, n, block, grid, coef));
+    }
+    if sizes == SizeSet::Full {
+        v.push(adamw_multi_case(
+            seed,
+            F32,
+            F32,
+            &[&[1_000_003], &[65_537, 3]],
+            1024,
+            None,
+        ));
+        v.push(adamw_multi_case(
+            seed,
+            BF16,
+            BF16,
+            &[&[262_147], &[1]],
+            2048,
+            Some(264),
+        ));
+        v.push(grad_stats_case(seed, F32, 1_000_003, 1024, Some(528)));
+        v.push(grad_stats_case(seed, BF16, 1_000_003, 4096, Some(132)));
+        v.push(scale_by_case(seed, F32, 1_000_003, 1024, None, 0.25));
+    }
+    v
+}
+
+/// Per-group hyperparameters for case `gi` (varied lr, betas, eps, weight decay,
+/// maximize, step), as the optimizer computes its table rows.
+fn group_hyper(gi: usize) -> (ParamGroup, u64) {
+    let g = ParamGroup {
+        betas: [(0.9, 0.999), (0.8, 0.95), (0.95, 0.99)][gi % 3],
+        eps: [1e-8, 1e-6, 1e-3][gi % 3],
+        weight_decay: [0.1, 0.0, 0.01][gi % 3],
+        maximize: gi % 2 == 1,
+        ..ParamGroup::new([1e-3, 3e-3, 1e-2][gi % 3])
+    };
+    (g, [1u64, 10, 1000][gi % 3])
+}
+
+/// `adamw_multi` over groups laid out as the optimizer does (tensors 16-byte aligned,
+/// groups at multiples of BLOCK). Every element, padding included, holds random nonzero
+/// data: the kernel treats padding like any element of its chunk's group. Row 0 of the
+/// table is a decoy no chunk names (`block_group` holds 1..=groups), so an off-by-one
+/// table read shows.
+pub fn adamw_multi_case(
+    seed: u64,
+    t: DType,
+    s: DType,
+    groups: &[&[usize]],
+    block: usize,
+    grid: Option<usize>,
+) -> Case {
+    let shapes: Vec<Vec<Vec<usize>>> = groups
+        .iter()
+        .map(|g| g.iter().map(|&n| vec![n]).collect())
+        .collect();
+    let narrow = t.size_bytes().min(s.size_bytes()) as usize;
+    let layout = FlatLayout::new(&shapes, 16 / narrow, block).expect("case layout");
+    let n = layout.len;
+    let nchunks = n / block;
+    let g = grid.unwrap_or(nchunks);
+    let label = format!("adamw_multi T={t} S={s} BLOCK={block} groups={groups:?} grid={g}");
+    let mut rng = Rng::for_case(seed, &label);
+    let p = random_tensor(&mut rng, t, &[n], |r| r.signed_magnitude(1e-2, 1.0));
+    let gr = random_tensor(&mut rng, t, &[n], |r| r.signed_magnitude(1e-3, 1e-1));
+    let m = random_tensor(&mut rng, s, &[n], |r| r.signed_magnitude(1e-4, 1e-2));
+    let v = random_tensor(&mut rng, s, &[n], |r| r.uniform(1e-6, 1e-3));
+    let bg: Vec<f64> = layout
+        .block_groups(block)
+        .iter()
+        .map(|&x| x as f64 + 1.0)
+        .collect();
+    let block_group = HostTensor::from_f64(DType::I32, &[nchunks], &bg);
+    let decoy = ParamGroup {
+        betas: (0.5, 0.5),
+        eps: 0.5,
+        weight_decay: 0.5,
+        ..ParamGroup::new(0.5)
+    };
+    let mut table: Vec<f64> = decoy.hyper_row(1).iter().map(|&x| x as f64).collect();
+    for gi in 0..groups.len() {
+        let (h, step) = group_hyper(gi);
+        table.extend(h.hyper_row(step).iter().map(|&x| x as f64));
+    }
+    let hp = HostTensor::from_f64(DType::F32, &[groups.len() + 1, HP_COLS], &table);
+    let args = vec![
+        ArgValue::Tensor(p),
+        ArgValue::Tensor(gr),
+        ArgValue::Tensor(m),
+        ArgValue::Tensor(v),
+        ArgValue::Tensor(block_group),
+        ArgValue::Tensor(hp),
+    ];
+    // As adamw.kg: a handful of f32 roundings of values <= 1, plus the update's error
+    // where m cancels (and the approximate rsqrt's ~2^-22 on the update, << 5e-6).
+    let f32_tol = Tolerance {
+        rel: 5e-6,
+        abs: 2e-7,
+    };
+    Case {
+        kernel: "optim",
+        kernel_name: Some("adamw_multi"),
+        label,
+        defines: defines(&[
+            ("T", t.to_string()),
+            ("S", s.to_string()),
+            ("BLOCK", block.to_string()),
+        ]),
+        tensor_align: aligns(&["p", "g", "m", "v", "block_group", "hp"], &args),
+        grid: [g as u32, 1, 1],
+        args,
+        outputs: vec![0, 2, 3],
+        reference: Box::new(move |args| {
+            let (mut p, g) = (
+                tensor_at(args, 0).to_f64_vec(),
+                tensor_at(args, 1).to_f64_vec(),
+            );
+            let (mut m, mut v) = (
+                tensor_at(args, 2).to_f64_vec(),
+                tensor_at(args, 3).to_f64_vec(),
+            );
+            let bg = tensor_at(args, 4).to_f64_vec();
+            let hp = tensor_at(args, 5).to_f64_vec();
+            for i in 0..p.len() {
+                let row = &hp[bg[i / block] as usize * HP_COLS..][..HP_COLS];
+                let [decay, beta1, c1, beta2, c2, eps, step_size, inv_bc2] =
+                    <[f64; HP_COLS]>::try_from(row).expect("8 columns");
+                m[i] = beta1 * m[i] + c1 * g[i];
+                v[i] = beta2 * v[i] + c2 * g[i] * g[i];
+                p[i] = p[i] * decay - step_size * m[i] / (v[i].sqrt() * inv_bc2 + eps);
+            }
+            vec![p, m, v]
+        }),
+        tolerance: Tolerance::for_dtype(t, f32_tol).max(Tolerance::for_dtype(s, f32_tol)),
+    }
+}
+
+/// `grad_stats` partials `[G, 2]`: (sum of squares, non-finite count = 0) per block over
+/// chunks b, b + G, ...
+pub fn grad_stats_case(seed: u64, dt: DType, n: usize, block: usize, grid: Option<usize>) -> Case {
+    let g = grid.unwrap_or(cdiv(n, block));
+    let label = format!("grad_stats T={dt} BLOCK={block} n={n} grid={g}");
+    let mut rng = Rng::for_case(seed, &label);
+    let x = random_tensor(&mut rng, dt, &[n], |r| r.normalish());
+    let args = vec![
+        ArgValue::Tensor(x),
+        ArgValue::Tensor(poisoned(DType::F32, &[g, 2])),
+    ];
+    Case {
+        kernel: "optim",
+        kernel_name: Some("grad_stats"),
+        label,
+        defines: defines(&[("T", dt.to_string()), ("BLOCK", block.to_string())]),
+        tensor_align: aligns(&["g", "partials"], &args),
+        grid: [g as u32, 1, 1],
+        args,
+        outputs: vec![1],
+        reference: Box::new(move |args| {
+            let x = tensor_at(args, 0).to_f64_vec();
+            let mut parts = vec![0.0; 2 * g];
+            for (c, chunk) in x.chunks(block).enumerate() {
+                parts[2 * (c % g)] += chunk.iter().map(|v| v * v).sum::<f64>();
+                parts[2 * (c % g) + 1] += chunk.iter().filter(|v| !v.is_finite()).count() as f64;
+            }
+            vec![parts]
+        }),
+        // Sums of positive terms in f32: ~(log2(BLOCK) + chunks) * 6e-8 relative; the
+        // count (0 here) must be exact.
+        tolerance: Tolerance {
+            rel: 1e-5,
+            abs: 1e-30,
+        },
+    }
+}
+
+/// `grad_stats_finalize` over `rows` random partials (counts 1..4): [sumsq, norm, count,
+/// clip_coef] for `max_norm` (1e9: no clipping, coefficient exactly 1).
+pub fn finalize_case(seed: u64, rows: usize, max_norm: f64) -> Case {
+    let label = format!("grad_stats_finalize rows={rows} max_norm={max_norm:e}");
+    let mut rng = Rng::for_case(seed, &label);
+    let vals: Vec<f64> = (0..rows)
+        .flat_map(|_| [rng.uniform(0.1, 1000.0), (1 + rng.next_u64() % 4) as f64])
+        .collect();
+    let args = vec![
+        ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[rows, 2], &vals)),
+        ArgValue::Tensor(poisoned(DType::F32, &[4])),
+        f32_arg(max_norm),
+    ];
+    Case {
+        kernel: "optim",
+        kernel_name: Some("grad_stats_finalize"),
+        label,
+        defines: defines(&[("BLOCK", "1024".to_string())]),
+        tensor_align: aligns(&["partials", "out", "max_norm"], &args),
+        grid: [1, 1, 1],
+        args,
+        outputs: vec![1],
+        reference: Box::new(move |args| {
+            let p = tensor_at(args, 0).to_f64_vec();
+            let max_norm = scalar_at(args, 2);
+            let sumsq: f64 = p.iter().step_by(2).sum();
+            let count: f64 = p.iter().skip(1).step_by(2).sum();
+            let norm = sumsq.sqrt();
+            let coef = (max_norm / (norm + 1e-6)).min(1.0);
+            vec![vec![sumsq, norm, count, coef]]
+        }),
+        tolerance: Tolerance {
+            rel: 1e-5,
+            abs: 1e-30,
+        },
+    }
+}
+
+/// `scale_by`: g *= stats[3] (stats holds random values elsewhere, which must be ignored).
+pub fn scale_by_case(
+    seed: u64,
+    dt: DType,
+    n: usize,
+    block: usize,
+    grid: Option<usize>,
+    coef: f64,
+) -> Case {
+    let g = grid.unwrap_or(cdiv(n, block));
+    let label = format!("scale_by T={dt} BLOCK={block} n={n} grid={g} coef={coef}");
+    let mut rng = Rng::for_case(seed, &label);
+    let x = random_tensor(&mut rng, dt, &[n], |r| r.normalish());
+    let stats = [rng.uniform(1.0, 9.0), rng.uniform(1.0, 3.0), 2.0, coef];
+    let args = vec![
+        ArgValue::Tensor(x),
+        ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[4], &stats)),
+    ];
+    Case {
+        kernel: "optim",
+        kernel_name: Some("scale_by"),
+        label,
+        defines: defines(&[("T", dt.to_string()), ("BLOCK", block.to_string())]),
+        tensor_align: aligns(&["g", "stats"], &args),
+        grid: [g as u32, 1, 1],
+        args,
+        outputs: vec![0],
+        reference: Box::new(move |args| {
+            let c = tensor_at(args, 1).to_f64_vec()[3];
+            vec![tensor_at(args, 0)
+                .to_f64_vec()
+                .iter()
+                .map(|v| v * c)
+                .collect()]
+        }),
+        tolerance: Tolerance::for_dtype(
+            dt,
+            Tolerance {
+                rel: 1e-6,
+                abs: 1e-30,
+            },
+        ),
+    }
 }

@@ -2,11 +2,13 @@
 //! and a non-zero exit status; a panic inside the compiler is caught and reported as an
 //! internal error, without a backtrace.
 
+mod bench;
 mod common;
 mod compile;
 mod run;
 mod selftest;
 mod selftest_ops;
+mod train;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use common::CliError;
@@ -43,6 +45,13 @@ enum Command {
     /// Run every bundled kernel's test cases: interpreter vs float64 reference, and on a
     /// GPU also GPU vs interpreter and GPU vs reference.
     Selftest(SelftestArgs),
+    /// Time every op workload of shared/ANCHORS.md on the GPU (beside a 1 GiB
+    /// device-to-device copy and, with --peers, PyTorch), plus launch cost, first launch
+    /// and compile times.
+    Bench(bench::BenchArgs),
+    /// Train a small MLP block (rmsnorm, SwiGLU, cross-entropy, AdamW) with kgen ops only,
+    /// forward and backward, printing the loss; on the GPU, or the interpreter without one.
+    Train(TrainArgs),
 }
 
 /// What to compile: the specialization options shared by every subcommand.
@@ -141,6 +150,16 @@ struct SelftestArgs {
     seed: u64,
 }
 
+#[derive(Args, Debug)]
+struct TrainArgs {
+    /// Training steps (default: 300 on a GPU, 200 on the interpreter).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    steps: Option<u64>,
+    /// Use the interpreter even when there is a GPU.
+    #[arg(long)]
+    no_gpu: bool,
+}
+
 /// Runs the command line and returns the exit status.
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
@@ -160,6 +179,8 @@ pub fn main() -> i32 {
         Command::Check(a) => compile::check(a),
         Command::Run(a) => run::run(a),
         Command::Selftest(a) => selftest::selftest(a),
+        Command::Bench(a) => bench::bench(a),
+        Command::Train(a) => train::run(a),
     });
     match result {
         Ok(Ok(())) => 0,

@@ -1,1 +1,437 @@
-//! Placeholder: being written.
+//! Activations: SwiGLU (`out = silu(gate) * up`) and ReLU, forward and backward
+//! (`kernels-src/swiglu.kg`, `relu.kg`).
+//!
+//! Assumes: every operand of one call has the same float dtype T (f32, f16, bf16).
+//! SwiGLU takes `[..., H]` tensors that are contiguous or 2-D views with a row stride
+//! (last stride 1); the concatenated form takes `x [..., 2H] = [gate | up]` and passes the
+//! two halves to the same kernels as `narrow` views (no copy), and its backward writes
+//! `dx [..., 2H] = [dgate | dup]` the same way. ReLU takes contiguous tensors of any shape.
+//! Outputs may not overlap inputs (the launch rejects it; no in-place forms).
+//!
+//! Guarantees: SwiGLU in f32, rounded to T once (sigmoid via ex2.approx on the GPU);
+//! ReLU exact, NaN propagating like torch (relu(NaN) = NaN). Tile shapes: SwiGLU tiles of
+//! 1024 / 2048 / 4096 elements ([ROWS, BLOCK], BLOCK the row's power of two up to the
+//! tile) at ~8 elements per thread, plus 2048 at 16 (on an H100, bf16 8192×11008: 1024
+//! wins, ~198 µs vs 203–222); ReLU BLOCK 2048 / 4096 / 1024; the first is the default;
+//! on a GPU the first call per shape picks the fastest through [`Ops::tuner`].
+
+use super::norm::{default_warps, max_rel_err, poisoned_on, random_on, rounding_tol};
+use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
+use kgen_core::types::DType;
+use kgen_runtime::{grid_1d, grid_2d, Arg, Device, Tensor};
+
+/// Elements per SwiGLU tile, the default first.
+const SWIGLU_TILES: [usize; 3] = [1024, 2048, 4096];
+/// ReLU BLOCK candidates, the default first.
+const RELU_BLOCKS: [usize; 3] = [2048, 4096, 1024];
+
+/// (ROWS, BLOCK, warps) candidates for rows of `h` elements: tiles of 1024, 2048, 4096
+/// elements at about 8 per thread, then 2048 at 16 per thread.
+fn swiglu_configs(h: usize) -> Vec<(usize, usize, u32)> {
+    let p = h.next_power_of_two().max(1);
+    let mut v = Vec::new();
+    let tile = |e: usize| if p >= e { (1, e) } else { (e / p, p) };
+    for e in SWIGLU_TILES {
+        let (r, b) = tile(e);
+        let c = (r, b, default_warps(e));
+        if !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    let (r, b) = tile(2048);
+    let c = (r, b, default_warps(1024));
+    if !v.contains(&c) {
+        v.push(c);
+    }
+    v
+}
+
+/// `t` as `[rows, last]` (rank 1 included).
+fn rows_2d(op: &'static str, t: &Tensor) -> Result<Tensor, OpError> {
+    match t.rank() {
+        0 => Err(shape_err(
+            op,
+            "expected a tensor of rank >= 1, got a scalar",
+        )),
+        1 => Ok(t.reshape(&[1, t.shape()[0]])?),
+        _ => as_rows(op, t),
+    }
+}
+
+/// The shape of `x [..., 2H]` with the last dim halved.
+fn half_shape(op: &'static str, x: &Tensor) -> Result<Vec<usize>, OpError> {
+    let mut s = x.shape().to_vec();
+    match s.last_mut() {
+        None => Err(shape_err(
+            op,
+            "expected a tensor of rank >= 1, got a scalar",
+        )),
+        Some(l) if *l % 2 != 0 => Err(shape_err(
+            op,
+            format!("the last dimension ({l}) must be even: [gate | up]"),
+        )),
+        Some(l) => {
+            *l /= 2;
+            Ok(s)
+        }
+    }
+}
+
+/// The two halves `[:, :H]`, `[:, H:]` of a `[rows, 2H]` view.
+fn halves(t: &Tensor) -> Result<(Tensor, Tensor), OpError> {
+    let h = t.shape()[1] / 2;
+    Ok((t.narrow(1, 0, h)?, t.narrow(1, h, h)?))
+}
+
+fn flat(op: &'static str, name: &str, t: &Tensor) -> Result<Tensor, OpError> {
+    if !t.is_contiguous() {
+        return Err(shape_err(
+            op,
+            format!(
+                "`{name}` must be contiguous (shape {:?}, strides {:?})",
+                t.shape(),
+                t.strides()
+            ),
+        ));
+    }
+    Ok(t.flatten()?)
+}
+
+impl Ops {
+    // ---------------------------------------------------------------- SwiGLU
+
+    /// `silu(gate) * up` for `gate`, `up` of one shape `[..., H]`.
+    pub fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor, OpError> {
+        let t = float_dtype("swiglu", gate)?;
+        let out = self.empty(t, gate.shape())?;
+        self.swiglu_into(gate, up, &out)?;
+        Ok(out)
+    }
+
+    /// [`Ops::swiglu`] into an existing `out` (gate's shape and dtype).
+    pub fn swiglu_into(&self, gate: &Tensor, up: &Tensor, out: &Tensor) -> Result<(), OpError> {
+        const OP: &str = "swiglu";
+        let t = float_dtype(OP, gate)?;
+        expect(OP, "up", up, t, gate.shape())?;
+        expect(OP, "out", out, t, gate.shape())?;
+        self.swiglu_2d(
+            &rows_2d(OP, gate)?,
+            &rows_2d(OP, up)?,
+            &rows_2d(OP, out)?,
+            t,
+        )
+    }
+
+    /// SwiGLU of the concatenated `x [..., 2H] = [gate | up]` → `[..., H]`.
+    pub fn swiglu_concat(&self, x: &Tensor) -> Result<Tensor, OpError> {
+        let t = float_dtype("swiglu_concat", x)?;
+        let out = self.empty(t, &half_shape("swiglu_concat", x)?)?;
+        self.swiglu_concat_into(x, &out)?;
+        Ok(out)
+    }
+
+    /// [`Ops::swiglu_concat`] into an existing `out [..., H]`.
+    pub fn swiglu_concat_into(&self, x: &Tensor, out: &Tensor) -> Result<(), OpError> {
+        const OP: &str = "swiglu_concat";
+        let t = float_dtype(OP, x)?;
+        expect(OP, "out", out, t, &half_shape(OP, x)?)?;
+        let (gate, up) = halves(&rows_2d(OP, x)?)?;
+        self.swiglu_2d(&gate, &up, &rows_2d(OP, out)?, t)
+    }
+
+    fn swiglu_2d(&self, gate: &Tensor, up: &Tensor, out: &Tensor, t: DType) -> Result<(), OpError> {
+        let (rows, h) = (gate.shape()[0], gate.shape()[1]);
+        let cfgs = swiglu_configs(h);
+        let labels: Vec<String> = cfgs
+            .iter()
+            .map(|(r, b, w)| format!("ROWS={r},BLOCK={b},warps={w}"))
+            .collect();
+        let key = format!("T={t},rows={rows},H={h},stride={}", gate.strides()[0]);
+        self.launch_tuned("swiglu", &key, &labels, |i, timed| {
+            let (r, b, w) = cfgs[i];
+            let k = self.kernel(
+                "swiglu",
+                "swiglu",
+                &[
+                    ("T", t.to_string()),
+                    ("ROWS", r.to_string()),
+                    ("BLOCK", b.to_string()),
+                ],
+                Some(w),
+                &[("gate", gate), ("up", up), ("out", out)],
+            )?;
+            let args = [Arg::from(gate), Arg::from(up), Arg::from(out)];
+            self.launch_maybe_timed(&k, grid_2d(rows, r, h, b)?, &args, timed)
+        })?;
+        Ok(())
+    }
+
+    /// Gradients of [`Ops::swiglu`]: `(dgate, dup)`.
+    pub fn swiglu_backward(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        dout: &Tensor,
+    ) -> Result<(Tensor, Tensor), OpError> {
+        let t = float_dtype("swiglu_backward", gate)?;
+        let dgate = self.empty(t, gate.shape())?;
+        let dup = self.empty(t, gate.shape())?;
+        self.swiglu_backward_into(gate, up, dout, &dgate, &dup)?;
+        Ok((dgate, dup))
+    }
+
+    /// [`Ops::swiglu_backward`] into existing `dgate`, `dup`.
+    pub fn swiglu_backward_into(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        dout: &Tensor,
+        dgate: &Tensor,
+        dup: &Tensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "swiglu_backward";
+        let t = float_dtype(OP, gate)?;
+        for (name, x) in [("up", up), ("dout", dout), ("dgate", dgate), ("dup", dup)] {
+            expect(OP, name, x, t, gate.shape())?;
+        }
+        self.swiglu_backward_2d(
+            [&rows_2d(OP, gate)?, &rows_2d(OP, up)?, &rows_2d(OP, dout)?],
+            [&rows_2d(OP, dgate)?, &rows_2d(OP, dup)?],
+            t,
+        )
+    }
+
+    /// Gradient of [`Ops::swiglu_concat`]: `dx [..., 2H] = [dgate | dup]`.
+    pub fn swiglu_concat_backward(&self, x: &Tensor, dout: &Tensor) -> Result<Tensor, OpError> {
+        let t = float_dtype("swiglu_concat_backward", x)?;
+        let dx = self.empty(t, x.shape())?;
+        self.swiglu_concat_backward_into(x, dout, &dx)?;
+        Ok(dx)
+    }
+
+    /// [`Ops::swiglu_concat_backward`] into an existing `dx` (x's shape).
+    pub fn swiglu_concat_backward_into(
+        &self,
+        x: &Tensor,
+        dout: &Tensor,
+        dx: &Tensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "swiglu_concat_backward";
+        let t = float_dtype(OP, x)?;
+        expect(OP, "dout", dout, t, &half_shape(OP, x)?)?;
+        expect(OP, "dx", dx, t, x.shape())?;
+        let (gate, up) = halves(&rows_2d(OP, x)?)?;
+        let (dgate, dup) = halves(&rows_2d(OP, dx)?)?;
+        self.swiglu_backward_2d([&gate, &up, &rows_2d(OP, dout)?], [&dgate, &dup], t)
+    }
+
+    fn swiglu_backward_2d(
+        &self,
+        [gate, up, dout]: [&Tensor; 3],
+        [dgate, dup]: [&Tensor; 2],
+        t: DType,
+    ) -> Result<(), OpError> {
+        let (rows, h) = (gate.shape()[0], gate.shape()[1]);
+        let cfgs = swiglu_configs(h);
+        let labels: Vec<String> = cfgs
+            .iter()
+            .map(|(r, b, w)| format!("ROWS={r},BLOCK={b},warps={w}"))
+            .collect();
+        let key = format!("T={t},rows={rows},H={h},stride={}", gate.strides()[0]);
+        self.launch_tuned("swiglu_bwd", &key, &labels, |i, timed| {
+            let (r, b, w) = cfgs[i];
+            let k = self.kernel(
+                "swiglu",
+                "swiglu_bwd",
+                &[
+                    ("T", t.to_string()),
+                    ("ROWS", r.to_string()),
+                    ("BLOCK", b.to_string()),
+                ],
+                Some(w),
+                &[
+                    ("gate", gate),
+                    ("up", up),
+                    ("dout", dout),
+                    ("dgate", dgate),
+                    ("dup", dup),
+                ],
+            )?;
+            let args = [
+                Arg::from(gate),
+                Arg::from(up),
+                Arg::from(dout),
+                Arg::from(dgate),
+                Arg::from(dup),
+            ];
+            self.launch_maybe_timed(&k, grid_2d(rows, r, h, b)?, &args, timed)
+        })?;
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- ReLU
+
+    /// `max(x, 0)` (NaN passes through), any shape, contiguous.
+    pub fn relu(&self, x: &Tensor) -> Result<Tensor, OpError> {
+        let t = float_dtype("relu", x)?;
+        let y = self.empty(t, x.shape())?;
+        self.relu_into(x, &y)?;
+        Ok(y)
+    }
+
+    /// [`Ops::relu`] into an existing `y` (x's shape and dtype).
+    pub fn relu_into(&self, x: &Tensor, y: &Tensor) -> Result<(), OpError> {
+        const OP: &str = "relu";
+        let t = float_dtype(OP, x)?;
+        expect(OP, "y", y, t, x.shape())?;
+        let (xf, yf) = (flat(OP, "x", x)?, flat(OP, "y", y)?);
+        self.relu_flat("relu", t, &[&xf], &yf)
+    }
+
+    /// `dy` where `x > 0`, else 0 (torch's threshold_backward); `x` may be the forward
+    /// input or output.
+    pub fn relu_backward(&self, x: &Tensor, dy: &Tensor) -> Result<Tensor, OpError> {
+        let t = float_dtype("relu_backward", x)?;
+        let dx = self.empty(t, x.shape())?;
+        self.relu_backward_into(x, dy, &dx)?;
+        Ok(dx)
+    }
+
+    /// [`Ops::relu_backward`] into an existing `dx`.
+    pub fn relu_backward_into(&self, x: &Tensor, dy: &Tensor, dx: &Tensor) -> Result<(), OpError> {
+        const OP: &str = "relu_backward";
+        let t = float_dtype(OP, x)?;
+        expect(OP, "dy", dy, t, x.shape())?;
+        expect(OP, "dx", dx, t, x.shape())?;
+        let (xf, dyf, dxf) = (flat(OP, "x", x)?, flat(OP, "dy", dy)?, flat(OP, "dx", dx)?);
+        self.relu_flat("relu_bwd", t, &[&xf, &dyf], &dxf)
+    }
+
+    /// `relu` (inputs [x]) or `relu_bwd` (inputs [x, dy]) over flat tensors.
+    fn relu_flat(
+        &self,
+        name: &str,
+        t: DType,
+        inputs: &[&Tensor],
+        out: &Tensor,
+    ) -> Result<(), OpError> {
+        let n = out.numel();
+        let blocks: Vec<usize> = RELU_BLOCKS
+            .iter()
+            .map(|&b| b.min(n.next_power_of_two().max(32)))
+            .fold(Vec::new(), |mut v, b| {
+                if !v.contains(&b) {
+                    v.push(b);
+                }
+                v
+            });
+        let labels: Vec<String> = blocks.iter().map(|b| format!("BLOCK={b}")).collect();
+        let names: &[&str] = if inputs.len() == 1 {
+            &["x", "y"]
+        } else {
+            &["x", "dy", "dx"]
+        };
+        let mut tensors: Vec<(&str, &Tensor)> =
+            names.iter().copied().zip(inputs.iter().copied()).collect();
+        tensors.push((names[names.len() - 1], out));
+        let args: Vec<Arg> = tensors.iter().map(|(_, t)| Arg::from(*t)).collect();
+        self.launch_tuned(name, &format!("T={t},n={n}"), &labels, |i, timed| {
+            let b = blocks[i];
+            let k = self.kernel(
+                "relu",
+                name,
+                &[("T", t.to_string()), ("BLOCK", b.to_string())],
+                None,
+                &tensors,
+            )?;
+            self.launch_maybe_timed(&k, grid_1d(n, b)?, &args, timed)
+        })?;
+        Ok(())
+    }
+}
+
+/// SwiGLU (split and concatenated) and ReLU, forward and backward, once each on awkward
+/// shapes against f64.
+pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
+    let ops = Ops::new(device);
+    let mut out = Vec::new();
+    for &(rows, h, t) in &[(777usize, 1000usize, DType::BF16), (33, 4097, DType::F32)] {
+        out.push((
+            format!("swiglu fwd+bwd {t} [{rows}x{h}]"),
+            check_swiglu(&ops, rows, h, t, false),
+        ));
+    }
+    out.push((
+        "swiglu_concat fwd+bwd f16 [300x2x1376]".into(),
+        check_swiglu(&ops, 300, 1376, DType::F16, true),
+    ));
+    for &(n, t) in &[(100_003usize, DType::BF16), (4097, DType::F32)] {
+        out.push((format!("relu fwd+bwd {t} [{n}]"), check_relu(&ops, n, t)));
+    }
+    out
+}
+
+fn read(t: &Tensor) -> Result<Vec<f64>, String> {
+    t.to_f64_vec().map_err(|e| e.to_string())
+}
+
+fn check_swiglu(ops: &Ops, rows: usize, h: usize, t: DType, concat: bool) -> Result<f64, String> {
+    let d = ops.device();
+    let e = |x: OpError| x.to_string();
+    let mut rng = crate::cases::Rng::new(31);
+    let (x, xv) = random_on(d, &mut rng, t, &[rows, 2 * h], None)?;
+    let (dout, dov) = random_on(d, &mut rng, t, &[rows, h], None)?;
+    let gv: Vec<f64> = xv.chunks(2 * h).flat_map(|r| r[..h].to_vec()).collect();
+    let uv: Vec<f64> = xv.chunks(2 * h).flat_map(|r| r[h..].to_vec()).collect();
+    let out = poisoned_on(d, t, &[rows, h])?;
+    let (got_out, got_dg, got_du) = if concat {
+        let dx = poisoned_on(d, t, &[rows, 2 * h])?;
+        ops.swiglu_concat_into(&x, &out).map_err(e)?;
+        ops.swiglu_concat_backward_into(&x, &dout, &dx).map_err(e)?;
+        let dxv = read(&dx)?;
+        (
+            read(&out)?,
+            dxv.chunks(2 * h).flat_map(|r| r[..h].to_vec()).collect(),
+            dxv.chunks(2 * h).flat_map(|r| r[h..].to_vec()).collect(),
+        )
+    } else {
+        // Separate contiguous gate and up.
+        let gate = d.from_f64(t, &[rows, h], &gv).map_err(|x| x.to_string())?;
+        let up = d.from_f64(t, &[rows, h], &uv).map_err(|x| x.to_string())?;
+        let (dg, du) = (
+            poisoned_on(d, t, &[rows, h])?,
+            poisoned_on(d, t, &[rows, h])?,
+        );
+        ops.swiglu_into(&gate, &up, &out).map_err(e)?;
+        ops.swiglu_backward_into(&gate, &up, &dout, &dg, &du)
+            .map_err(e)?;
+        (read(&out)?, read(&dg)?, read(&du)?)
+    };
+    let want = crate::cases::swiglu::forward_reference(&gv, &uv);
+    let (dg_ref, du_ref) = crate::cases::swiglu::backward_reference(&gv, &uv, &dov);
+    let tol = rounding_tol(t).max(1e-4);
+    let mut worst = max_rel_err(&got_out, &want, tol).map_err(|m| format!("out: {m}"))?;
+    worst = worst.max(max_rel_err(&got_dg, &dg_ref, tol).map_err(|m| format!("dgate: {m}"))?);
+    worst = worst.max(max_rel_err(&got_du, &du_ref, tol).map_err(|m| format!("dup: {m}"))?);
+    Ok(worst)
+}
+
+fn check_relu(ops: &Ops, n: usize, t: DType) -> Result<f64, String> {
+    let d = ops.device();
+    let e = |x: OpError| x.to_string();
+    let mut rng = crate::cases::Rng::new(32);
+    let (x, xv) = random_on(d, &mut rng, t, &[n], None)?;
+    let (dy, dyv) = random_on(d, &mut rng, t, &[n], None)?;
+    let (y, dx) = (poisoned_on(d, t, &[n])?, poisoned_on(d, t, &[n])?);
+    ops.relu_into(&x, &y).map_err(e)?;
+    ops.relu_backward_into(&x, &dy, &dx).map_err(e)?;
+    let y_ref = crate::cases::relu::forward_reference(&xv);
+    let dx_ref = crate::cases::relu::backward_reference(&xv, &dyv);
+    // Exact: values are copied or zeroed.
+    for (name, got, want) in [("y", read(&y)?, y_ref), ("dx", read(&dx)?, dx_ref)] {
+        if let Some(i) = (0..n).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            return Err(format!("{name}[{i}] = {}, expected {}", got[i], want[i]));
+        }
+    }
+    Ok(0.0)
+}

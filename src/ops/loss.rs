@@ -1,1 +1,648 @@
-//! Placeholder: being written.
+//! Softmax (forward and backward) and the fused cross-entropy loss with its gradient
+//! (`kernels-src/softmax.kg`, `softmax_bwd.kg`, `cross_entropy.kg`).
+//!
+//! Assumes: softmax operands `[..., C]` share one float dtype T (f32, f16, bf16) and are
+//! contiguous or 2-D views with a row stride (last stride 1). Cross-entropy takes logits
+//! `[..., V]` of T and targets of i32 or i64 with the logits' leading shape (contiguous);
+//! `ignore_index` must be representable in the targets' dtype. Outputs may not overlap
+//! inputs (the launch rejects it), except in [`Ops::cross_entropy_in_place`].
+//!
+//! Guarantees (torch's `F.cross_entropy(logits, targets, ignore_index=..., reduction=
+//! "mean")`): the loss is the mean over the rows whose target is not `ignore_index`, NaN
+//! when every row is ignored; `dlogits` is the gradient of that mean, 0 on ignored rows.
+//! A target outside `[0, V)` that is not `ignore_index` is never read out of bounds: its
+//! row's loss and whole gradient row are NaN, so the mean is NaN (torch raises instead).
+//! Three launches, no host synchronization: `ce_count` ([count, 1/count] on the device),
+//! the fused per-row kernel, `ce_loss_mean` (deterministic order). f32 math, gradients
+//! rounded to T once. On a GPU the first call per shape times a few (BLOCK, warps)
+//! configurations through [`Ops::tuner`] (softmax and the out-of-place cross-entropy;
+//! the in-place form cannot be re-run, so it uses the out-of-place form's stored choice
+//! for the same shape, else the default).
+
+use super::norm::{max_rel_err, poisoned_on, random_on, rounding_tol};
+use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
+use kgen_core::types::DType;
+use kgen_runtime::autotune::Autotuner;
+use kgen_runtime::{grid_x, Arg, Device, Tensor};
+
+/// Largest softmax row kept in one tile (read once); longer rows take the online path.
+const SOFTMAX_ONE_TILE: usize = 8192;
+/// BLOCK of the multi-tile softmax paths.
+const SOFTMAX_MULTI_BLOCK: usize = 4096;
+/// (BLOCK, warps) candidates of the cross-entropy row kernel for long rows, the default
+/// first.
+const CE_CONFIGS: [(usize, u32); 4] = [(4096, 16), (8192, 16), (4096, 8), (2048, 8)];
+/// BLOCK of the one-block `ce_count` and `ce_loss_mean` kernels.
+const REDUCE_BLOCK: usize = 1024;
+
+/// torch's default `ignore_index`.
+pub const DEFAULT_IGNORE_INDEX: i64 = -100;
+
+/// `t` as `[rows, last]` (rank 1 included).
+fn rows_2d(op: &'static str, t: &Tensor) -> Result<Tensor, OpError> {
+    match t.rank() {
+        0 => Err(shape_err(
+            op,
+            "expected a tensor of rank >= 1, got a scalar",
+        )),
+        1 => Ok(t.reshape(&[1, t.shape()[0]])?),
+        _ => as_rows(op, t),
+    }
+}
+
+/// BLOCK of a softmax (forward or backward) row of `cols` elements.
+fn softmax_block(cols: usize) -> usize {
+    if cols <= SOFTMAX_ONE_TILE {
+        cols.next_power_of_two().max(32)
+    } else {
+        SOFTMAX_MULTI_BLOCK
+    }
+}
+
+/// Warp candidates for a tile of `elems` elements: about 8 per thread first, then half
+/// and double (1 to 16 warps).
+fn warp_candidates(elems: usize) -> Vec<u32> {
+    let w = ((elems / 256).clamp(1, 16) as u32)
+        .next_power_of_two()
+        .min(16);
+    let mut v = vec![w];
+    for c in [w / 2, w * 2] {
+        if (1..=16).contains(&c) && !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    v
+}
+
+/// (BLOCK, warps) candidates of the cross-entropy row kernel for a row of `vocab`.
+fn ce_configs(vocab: usize) -> Vec<(usize, u32)> {
+    let p = vocab.next_power_of_two().max(32);
+    if p <= 2048 {
+        return warp_candidates(p).into_iter().map(|w| (p, w)).collect();
+    }
+    CE_CONFIGS
+        .iter()
+        .copied()
+        .filter(|&(b, _)| b <= p.max(4096))
+        .collect()
+}
+
+fn config_labels(configs: &[(usize, u32)]) -> Vec<String> {
+    configs
+        .iter()
+        .map(|(b, w)| format!("BLOCK={b},warps={w}"))
+        .collect()
+}
+
+/// Checks the targets against `[rows]` logits rows and `ignore_index`; returns the index
+/// dtype, the targets as a 1-D view and `ignore_index` as a kernel argument.
+fn check_targets(
+    op: &'static str,
+    logits: &Tensor,
+    targets: &Tensor,
+    ignore_index: i64,
+) -> Result<(DType, Tensor, Arg<'static>), OpError> {
+    let lead = &logits.shape()[..logits.rank().saturating_sub(1)];
+    let want: Vec<usize> = if lead.is_empty() {
+        vec![1]
+    } else {
+        lead.to_vec()
+    };
+    let tshape: &[usize] = if targets.rank() == 0 {
+        &[1]
+    } else {
+        targets.shape()
+    };
+    if tshape != want.as_slice() {
+        return Err(shape_err(
+            op,
+            format!(
+                "`targets` must have the logits' leading shape {want:?}, got {:?}",
+                targets.shape()
+            ),
+        ));
+    }
+    if !targets.is_contiguous() {
+        return Err(shape_err(op, "`targets` must be contiguous"));
+    }
+    let rows: usize = want.iter().product();
+    let flat = targets.reshape(&[rows])?;
+    match targets.dtype() {
+        DType::I64 => Ok((DType::I64, flat, Arg::from(ignore_index))),
+        DType::I32 => {
+            let ii = i32::try_from(ignore_index).map_err(|_| {
+                super::dtype_err(
+                    op,
+                    format!("ignore_index {ignore_index} does not fit the i32 targets"),
+                )
+            })?;
+            Ok((DType::I32, flat, Arg::from(ii)))
+        }
+        d => Err(super::dtype_err(
+            op,
+            format!("`targets` must be i32 or i64, got {d}"),
+        )),
+    }
+}
+
+impl Ops {
+    // ---------------------------------------------------------------- softmax
+
+    /// Row-wise softmax over the last dimension: `y [like x]`.
+    pub fn softmax(&self, x: &Tensor) -> Result<Tensor, OpError> {
+        let t = float_dtype("softmax", x)?;
+        let y = self.empty(t, x.shape())?;
+        self.softmax_into(x, &y)?;
+        Ok(y)
+    }
+
+    /// [`Ops::softmax`] into an existing `y` (x's shape and dtype).
+    pub fn softmax_into(&self, x: &Tensor, y: &Tensor) -> Result<(), OpError> {
+        const OP: &str = "softmax";
+        let t = float_dtype(OP, x)?;
+        expect(OP, "y", y, t, x.shape())?;
+        let (x2, y2) = (rows_2d(OP, x)?, rows_2d(OP, y)?);
+        self.rowwise(OP, "softmax", t, &[("x", &x2), ("y", &y2)])
+    }
+
+    /// Gradient of [`Ops::softmax`] from its output: `dx = y * (dy - sum(dy * y))` per row.
+    pub fn softmax_backward(&self, y: &Tensor, dy: &Tensor) -> Result<Tensor, OpError> {
+        let t = float_dtype("softmax_backward", y)?;
+        let dx = self.empty(t, y.shape())?;
+        self.softmax_backward_into(y, dy, &dx)?;
+        Ok(dx)
+    }
+
+    /// [`Ops::softmax_backward`] into an existing `dx` (y's shape and dtype).
+    pub fn softmax_backward_into(
+        &self,
+        y: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "softmax_backward";
+        let t = float_dtype(OP, y)?;
+        expect(OP, "dy", dy, t, y.shape())?;
+        expect(OP, "dx", dx, t, y.shape())?;
+        let (y2, dy2, dx2) = (rows_2d(OP, y)?, rows_2d(OP, dy)?, rows_2d(OP, dx)?);
+        self.rowwise(
+            OP,
+            "softmax_bwd",
+            t,
+            &[("y", &y2), ("dy", &dy2), ("dx", &dx2)],
+        )
+    }
+
+    /// One block per row of a `[rows, cols]` kernel whose tensors are all `tensors`.
+    fn rowwise(
+        &self,
+        op: &'static str,
+        stem: &str,
+        t: DType,
+        tensors: &[(&str, &Tensor)],
+    ) -> Result<(), OpError> {
+        let (rows, cols) = (tensors[0].1.shape()[0], tensors[0].1.shape()[1]);
+        if rows == 0 {
+            return Ok(());
+        }
+        if cols == 0 {
+            return Err(shape_err(op, "the softmax (last) dimension is empty"));
+        }
+        let block = softmax_block(cols);
+        let warps = warp_candidates(block);
+        let labels: Vec<String> = warps
+            .iter()
+            .map(|w| format!("BLOCK={block},warps={w}"))
+            .collect();
+        let grid = grid_x(rows)?;
+        let args: Vec<Arg> = tensors.iter().map(|(_, x)| Arg::from(*x)).collect();
+        self.launch_tuned(
+            op,
+            &format!("T={t},rows={rows},cols={cols}"),
+            &labels,
+            |i, timed| {
+                let k = self.kernel(
+                    stem,
+                    stem,
+                    &[("T", t.to_string()), ("BLOCK", block.to_string())],
+                    Some(warps[i]),
+                    tensors,
+                )?;
+                self.launch_maybe_timed(&k, grid, &args, timed)
+            },
+        )?;
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- cross-entropy
+
+    /// Mean cross-entropy of `logits [..., V]` against `targets [...]` (i32 or i64),
+    /// skipping rows whose target is `ignore_index` (torch's default: -100), and its
+    /// gradient: `(loss f32 [1], dlogits [like logits])`. See the module header for
+    /// all-ignored and out-of-range targets.
+    pub fn cross_entropy(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        ignore_index: i64,
+    ) -> Result<(Tensor, Tensor), OpError> {
+        let t = float_dtype("cross_entropy", logits)?;
+        let rows = logits.numel() / logits.shape().last().copied().unwrap_or(1).max(1);
+        let loss = self.empty(DType::F32, &[1])?;
+        let dlogits = self.empty(t, logits.shape())?;
+        let row_loss = self.empty(DType::F32, &[rows])?;
+        let stats = self.empty(DType::F32, &[2])?;
+        self.cross_entropy_into(
+            logits,
+            targets,
+            ignore_index,
+            &loss,
+            &dlogits,
+            &row_loss,
+            &stats,
+        )?;
+        Ok((loss, dlogits))
+    }
+
+    /// [`Ops::cross_entropy`] into existing tensors: `loss` f32 `[1]`, `dlogits` (logits'
+    /// shape and dtype), and two more outputs the caller may use: `row_loss` f32 `[rows]`
+    /// (each row's loss, 0 for ignored rows) and `stats` f32 `[2]` = `[count, 1/count]` of
+    /// the rows not ignored (`1/count` = 0 when count is 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn cross_entropy_into(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        ignore_index: i64,
+        loss: &Tensor,
+        dlogits: &Tensor,
+        row_loss: &Tensor,
+        stats: &Tensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "cross_entropy";
+        let t = float_dtype(OP, logits)?;
+        expect(OP, "dlogits", dlogits, t, logits.shape())?;
+        self.cross_entropy_impl(
+            OP,
+            logits,
+            Some(dlogits),
+            targets,
+            ignore_index,
+            loss,
+            row_loss,
+            stats,
+        )
+    }
+
+    /// [`Ops::cross_entropy`] writing the gradient over `logits` (which is read first, per
+    /// row): returns the mean loss f32 `[1]`. Saves the `dlogits` allocation (a
+    /// `[tokens, vocab]` tensor is often the largest of a training step).
+    pub fn cross_entropy_in_place(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        ignore_index: i64,
+    ) -> Result<Tensor, OpError> {
+        float_dtype("cross_entropy_in_place", logits)?;
+        let rows = logits.numel() / logits.shape().last().copied().unwrap_or(1).max(1);
+        let loss = self.empty(DType::F32, &[1])?;
+        let row_loss = self.empty(DType::F32, &[rows])?;
+        let stats = self.empty(DType::F32, &[2])?;
+        self.cross_entropy_in_place_into(logits, targets, ignore_index, &loss, &row_loss, &stats)?;
+        Ok(loss)
+    }
+
+    /// [`Ops::cross_entropy_in_place`] into existing `loss`, `row_loss`, `stats` (as in
+    /// [`Ops::cross_entropy_into`]).
+    pub fn cross_entropy_in_place_into(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        ignore_index: i64,
+        loss: &Tensor,
+        row_loss: &Tensor,
+        stats: &Tensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "cross_entropy_in_place";
+        self.cross_entropy_impl(
+            OP,
+            logits,
+            None,
+            targets,
+            ignore_index,
+            loss,
+            row_loss,
+            stats,
+        )
+    }
+
+    /// The three launches; `dlogits: None` is the in-place form.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_impl(
+        &self,
+        op: &'static str,
+        logits: &Tensor,
+        dlogits: Option<&Tensor>,
+        targets: &Tensor,
+        ignore_index: i64,
+        loss: &Tensor,
+        row_loss: &Tensor,
+        stats: &Tensor,
+    ) -> Result<(), OpError> {
+        let t = float_dtype(op, logits)?;
+        let x2 = rows_2d(op, logits)?;
+        let (rows, vocab) = (x2.shape()[0], x2.shape()[1]);
+        if vocab == 0 {
+            return Err(shape_err(op, "the class (last) dimension is empty"));
+        }
+        let (idx, tg, ignore) = check_targets(op, logits, targets, ignore_index)?;
+        expect(op, "loss", loss, DType::F32, &[1])?;
+        expect(op, "row_loss", row_loss, DType::F32, &[rows])?;
+        expect(op, "stats", stats, DType::F32, &[2])?;
+        let dx2 = dlogits.map(|d| rows_2d(op, d)).transpose()?;
+
+        // 1. [count, 1/count].
+        let k = self.kernel(
+            "cross_entropy",
+            "ce_count",
+            &[("I", idx.to_string()), ("BLOCK", REDUCE_BLOCK.to_string())],
+            None,
+            &[("targets", &tg), ("stats", stats)],
+        )?;
+        self.launch(&k, [1, 1, 1], &[Arg::from(&tg), Arg::from(stats), ignore])?;
+
+        // 2. Per-row loss and gradient.
+        if rows > 0 {
+            let configs = ce_configs(vocab);
+            let labels = config_labels(&configs);
+            let shape_key = format!("T={t},I={idx},rows={rows},V={vocab}");
+            let grid = grid_x(rows)?;
+            let row_kernel = |i: usize| {
+                let (block, warps) = configs[i];
+                let defines = [
+                    ("T", t.to_string()),
+                    ("I", idx.to_string()),
+                    ("BLOCK", block.to_string()),
+                ];
+                match &dx2 {
+                    Some(dx) => self.kernel(
+                        "cross_entropy",
+                        "cross_entropy",
+                        &defines,
+                        Some(warps),
+                        &[
+                            ("logits", &x2),
+                            ("targets", &tg),
+                            ("stats", stats),
+                            ("loss", row_loss),
+                            ("dlogits", dx),
+                        ],
+                    ),
+                    None => self.kernel(
+                        "cross_entropy",
+                        "cross_entropy_inplace",
+                        &defines,
+                        Some(warps),
+                        &[
+                            ("logits", &x2),
+                            ("targets", &tg),
+                            ("stats", stats),
+                            ("loss", row_loss),
+                        ],
+                    ),
+                }
+            };
+            match &dx2 {
+                Some(dx) => {
+                    let args = [
+                        Arg::from(&x2),
+                        Arg::from(&tg),
+                        Arg::from(stats),
+                        Arg::from(row_loss),
+                        Arg::from(dx),
+                        ignore,
+                    ];
+                    self.launch_tuned("cross_entropy", &shape_key, &labels, |i, timed| {
+                        self.launch_maybe_timed(&*row_kernel(i)?, grid, &args, timed)
+                    })?;
+                }
+                None => {
+                    // Not re-runnable (it overwrites its input): the out-of-place form's
+                    // tuned choice for this shape, else the default.
+                    let key = Autotuner::key("cross_entropy", self.device(), &shape_key);
+                    let i = self
+                        .tuner()
+                        .stored(&key)
+                        .and_then(|l| labels.iter().position(|x| *x == l))
+                        .unwrap_or(0);
+                    let args = [
+                        Arg::from(&x2),
+                        Arg::from(&tg),
+                        Arg::from(stats),
+                        Arg::from(row_loss),
+                        ignore,
+                    ];
+                    self.launch(&*row_kernel(i)?, grid, &args)?;
+                }
+            }
+        }
+
+        // 3. The mean.
+        let k = self.kernel(
+            "cross_entropy",
+            "ce_loss_mean",
+            &[("BLOCK", REDUCE_BLOCK.to_string())],
+            None,
+            &[("loss", row_loss), ("stats", stats), ("out", loss)],
+        )?;
+        self.launch(
+            &k,
+            [1, 1, 1],
+            &[Arg::from(row_loss), Arg::from(stats), Arg::from(loss)],
+        )
+    }
+}
+
+// ---------------------------------------------------------------- f64 references
+
+/// dx = y * (dy - sum(dy * y)) per row of `cols`, in f64.
+pub fn softmax_bwd_reference(y: &[f64], dy: &[f64], cols: usize) -> Vec<f64> {
+    let mut dx = Vec::with_capacity(y.len());
+    for (yr, gr) in y.chunks(cols).zip(dy.chunks(cols)) {
+        let dot: f64 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+        dx.extend(yr.iter().zip(gr).map(|(a, b)| a * (b - dot)));
+    }
+    dx
+}
+
+/// [count, 1/count (0 when count is 0)] of the targets that are not `ignore_index`.
+pub fn count_reference(targets: &[f64], ignore_index: f64) -> [f64; 2] {
+    let count = targets.iter().filter(|&&t| t != ignore_index).count() as f64;
+    [count, if count > 0.0 { 1.0 / count } else { 0.0 }]
+}
+
+/// Per-row loss and gradient in f64 for logits `x [rows, vocab]`: loss = logsumexp(x) -
+/// x[t], dx = (softmax(x) - onehot(t)) * inv_count; ignored rows 0; rows with a target
+/// outside [0, vocab) NaN (loss and the whole dx row), as the op defines them.
+pub fn ce_reference(
+    x: &[f64],
+    targets: &[f64],
+    vocab: usize,
+    ignore_index: f64,
+    inv_count: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut loss = Vec::with_capacity(targets.len());
+    let mut dx = Vec::with_capacity(x.len());
+    for (row, &t) in x.chunks(vocab).zip(targets) {
+        if t == ignore_index {
+            loss.push(0.0);
+            dx.extend(std::iter::repeat_n(0.0, vocab));
+        } else if !(t >= 0.0 && t < vocab as f64) {
+            loss.push(f64::NAN);
+            dx.extend(std::iter::repeat_n(f64::NAN, vocab));
+        } else {
+            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            let ti = t as usize;
+            loss.push(lse - row[ti]);
+            dx.extend(
+                row.iter()
+                    .enumerate()
+                    .map(|(j, v)| ((v - lse).exp() - if j == ti { 1.0 } else { 0.0 }) * inv_count),
+            );
+        }
+    }
+    (loss, dx)
+}
+
+// ---------------------------------------------------------------- GPU checks
+
+fn read(t: &Tensor) -> Result<Vec<f64>, String> {
+    t.to_f64_vec().map_err(|e| e.to_string())
+}
+
+/// Each op once on a medium awkward shape against float64: (label, max relative error).
+pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
+    let ops = Ops::new(device);
+    let mut out = Vec::new();
+    // Shapes small enough for the interpreter (a few seconds) yet covering the multi-tile
+    // paths, the real vocabulary sizes and every dtype / index type.
+    for &(rows, cols, t) in &[(100usize, 4097usize, DType::BF16), (8, 50257, DType::F32)] {
+        out.push((
+            format!("softmax fwd+bwd {t} [{rows}x{cols}]"),
+            check_softmax(&ops, rows, cols, t),
+        ));
+    }
+    for &(rows, vocab, t, idx, in_place) in &[
+        (64usize, 50257usize, DType::BF16, DType::I64, false),
+        (64, 50257, DType::BF16, DType::I64, true),
+        (8, 128256, DType::F32, DType::I32, false),
+        (77, 4097, DType::F16, DType::I32, true),
+    ] {
+        let how = if in_place { " in place" } else { "" };
+        out.push((
+            format!("cross_entropy{how} {t} I={idx} [{rows}x{vocab}]"),
+            check_cross_entropy(&ops, rows, vocab, t, idx, in_place),
+        ));
+    }
+    out
+}
+
+fn check_softmax(ops: &Ops, rows: usize, cols: usize, t: DType) -> Result<f64, String> {
+    let d = ops.device();
+    let e = |x: OpError| x.to_string();
+    let mut rng = crate::cases::Rng::new(31);
+    let (x, xv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let (dy, dyv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let (y, dx) = (
+        poisoned_on(d, t, &[rows, cols])?,
+        poisoned_on(d, t, &[rows, cols])?,
+    );
+    ops.softmax_into(&x, &y).map_err(e)?;
+    ops.softmax_backward_into(&y, &dy, &dx).map_err(e)?;
+    let yv = read(&y)?;
+    let y_ref = crate::cases::softmax::reference(&xv, cols);
+    // dx from the stored y (the op's input), so the check isolates the backward kernel.
+    let dx_ref = softmax_bwd_reference(&yv, &dyv, cols);
+    let tol = rounding_tol(t);
+    let worst = max_rel_err(&yv, &y_ref, tol).map_err(|m| format!("y: {m}"))?;
+    Ok(worst.max(max_rel_err(&read(&dx)?, &dx_ref, tol).map_err(|m| format!("dx: {m}"))?))
+}
+
+/// Targets with one row in 7 ignored, the rest uniform over `0..vocab`.
+fn random_targets(rng: &mut crate::cases::Rng, rows: usize, vocab: usize) -> Vec<f64> {
+    (0..rows)
+        .map(|r| {
+            if r % 7 == 3 {
+                DEFAULT_IGNORE_INDEX as f64
+            } else {
+                (rng.next_u64() % vocab as u64) as f64
+            }
+        })
+        .collect()
+}
+
+fn check_cross_entropy(
+    ops: &Ops,
+    rows: usize,
+    vocab: usize,
+    t: DType,
+    idx: DType,
+    in_place: bool,
+) -> Result<f64, String> {
+    let d = ops.device();
+    let e = |x: OpError| x.to_string();
+    let mut rng = crate::cases::Rng::new(32);
+    let (x, xv) = random_on(d, &mut rng, t, &[rows, vocab], None)?;
+    let tv = random_targets(&mut rng, rows, vocab);
+    let tg = d.from_f64(idx, &[rows], &tv).map_err(|x| x.to_string())?;
+    let loss = poisoned_on(d, DType::F32, &[1])?;
+    let row_loss = poisoned_on(d, DType::F32, &[rows])?;
+    let stats = poisoned_on(d, DType::F32, &[2])?;
+    let ii = DEFAULT_IGNORE_INDEX;
+    let dx = if in_place {
+        ops.cross_entropy_in_place_into(&x, &tg, ii, &loss, &row_loss, &stats)
+            .map_err(e)?;
+        x
+    } else {
+        let dx = poisoned_on(d, t, &[rows, vocab])?;
+        ops.cross_entropy_into(&x, &tg, ii, &loss, &dx, &row_loss, &stats)
+            .map_err(e)?;
+        dx
+    };
+    let [count, inv] = count_reference(&tv, ii as f64);
+    let (rl_ref, dx_ref) = ce_reference(&xv, &tv, vocab, ii as f64, 1.0 / count);
+    let mean_ref = rl_ref.iter().sum::<f64>() / count;
+    let mut worst =
+        max_rel_err(&read(&stats)?, &[count, inv], 1e-6).map_err(|m| format!("stats: {m}"))?;
+    worst = worst
+        .max(max_rel_err(&read(&row_loss)?, &rl_ref, 1e-4).map_err(|m| format!("row loss: {m}"))?);
+    worst =
+        worst.max(max_rel_err(&read(&loss)?, &[mean_ref], 1e-5).map_err(|m| format!("loss: {m}"))?);
+    worst = worst.max(
+        max_rel_err(&read(&dx)?, &dx_ref, rounding_tol(t)).map_err(|m| format!("dlogits: {m}"))?,
+    );
+    Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_cover_the_row() {
+        for v in [1usize, 7, 1000, 2048, 4097, 50257, 128256] {
+            let c = ce_configs(v);
+            assert!(!c.is_empty(), "V={v}");
+            assert!(
+                c.iter().all(|&(b, w)| b >= 32 && (1..=16).contains(&w)),
+                "V={v}: {c:?}"
+            );
+        }
+        assert_eq!(ce_configs(7)[0].0, 32);
+        assert_eq!(ce_configs(1000)[0].0, 1024);
+        assert_eq!(ce_configs(50257)[0], (4096, 16));
+        assert_eq!(softmax_block(4097), 8192);
+        assert_eq!(softmax_block(8193), 4096);
+    }
+}

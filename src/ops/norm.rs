@@ -1,1 +1,710 @@
-//! Placeholder: being written.
+//! RMSNorm and LayerNorm, forward and backward, over the last dimension of `x [..., C]`
+//! (`kernels-src/rmsnorm.kg`, `layernorm.kg`, `rmsnorm_bwd.kg`, `layernorm_bwd.kg`).
+//!
+//! Assumes: x, y, dy, dx share one float dtype T (f32, f16, bf16), as do w and b; the
+//! saved statistics (rstd, mean) are f32 `[rows]` with rows = the product of the leading
+//! dimensions. x may be any contiguous tensor or a 2-D view with a row stride (last
+//! stride 1). Outputs may not overlap inputs (the launch rejects it).
+//!
+//! Guarantees: f32 arithmetic, outputs rounded to T once. Configurations: BLOCK is the
+//! smallest power of two covering the row when C ≤ 8192 (forward) / 4096 (backward: more
+//! live tiles) so the row stays in registers and x is read once, else 4096 (the
+//! multi-pass fallback, about 5/3 of the traffic in the backward); the backward passes run a
+//! grid-stride loop over G ≈ 2×SM blocks (more for narrow rows) writing per-block f32 dw (and db) partials
+//! `[G, C]`, then a deterministic column sum. On a GPU the first call per shape times 2–3
+//! candidate configurations (warps, G) through [`Ops::tuner`] (KGEN_AUTOTUNE=0: the first,
+//! the default) and remembers the fastest; no call synchronizes the host otherwise.
+//!
+//! Also home of the small helpers the other op files of this group share
+//! ([`Ops::launch_tuned`], [`rows_cols`], [`max_rel_err`]).
+
+use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
+use kgen_core::types::DType;
+use kgen_runtime::{grid_1d, grid_x, Arg, Device, Kernel, RuntimeError, Tensor};
+
+/// Largest row the forward kernels keep in registers (one tile); longer rows take the
+/// multi-pass path.
+const MAX_ONE_TILE: usize = 8192;
+/// The same for the backward kernels, which hold more tiles at once (x, dy, w and the
+/// partials: at 8192 they need about 140 registers per thread with 16 warps, over the
+/// 128 that 512 threads allow).
+const MAX_ONE_TILE_BWD: usize = 4096;
+/// BLOCK of the multi-pass path.
+const MULTI_TILE_BLOCK: usize = 4096;
+
+/// (rows, cols) of `x [..., C]`: rows = product of the leading dims (1 for a 1-D x).
+pub(crate) fn rows_cols(op: &'static str, x: &Tensor) -> Result<(usize, usize), OpError> {
+    match x.shape().split_last() {
+        None => Err(shape_err(
+            op,
+            "expected a tensor of rank >= 1, got a scalar",
+        )),
+        Some((&c, lead)) => Ok((lead.iter().product(), c)),
+    }
+}
+
+/// `x` as `[rows, cols]` (`as_rows`, also for rank 1).
+fn rows_view(op: &'static str, x: &Tensor, rows: usize, cols: usize) -> Result<Tensor, OpError> {
+    if x.rank() == 1 {
+        return Ok(x.reshape(&[rows, cols])?);
+    }
+    as_rows(op, x)
+}
+
+/// BLOCK for a row of `cols` elements: the smallest power of two covering the row while
+/// that fits `max_one_tile`, else the multi-pass BLOCK.
+fn norm_block(cols: usize, max_one_tile: usize) -> usize {
+    if cols <= max_one_tile {
+        cols.next_power_of_two().max(32)
+    } else {
+        MULTI_TILE_BLOCK
+    }
+}
+
+/// The compiler's default warps for a largest tile of `elems` (about 8 per thread).
+pub(crate) fn default_warps(elems: usize) -> u32 {
+    let w = (elems / 256).clamp(1, 16) as u32;
+    if w.is_power_of_two() {
+        w
+    } else {
+        w.next_power_of_two() / 2
+    }
+}
+
+/// Warp candidates of the forward kernels for a row tile of `block` elements: the
+/// default first, about 32 elements per thread (measured fastest on an H100 for bf16
+/// 16384×4096: 4 warps 94 µs vs 16 warps 106 µs), then double and half.
+fn fwd_warp_candidates(block: usize) -> Vec<u32> {
+    let w = (block / 1024).clamp(1, 16) as u32;
+    let mut v = vec![w];
+    for c in [w * 2, w / 2] {
+        if (1..=32).contains(&c) && !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    v
+}
+
+/// (BLOCK, ROWS) of the dw/db column-sum kernels: BLOCK columns per block, enough blocks
+/// to cover the SMs where the row allows; ROWS partial rows per step, so that a step
+/// loads about 4096 elements (few serial steps even for a large G).
+fn colsum_tile(cols: usize, sms: usize, min_rows: usize) -> (usize, usize) {
+    let block = if cols >= 128 * sms {
+        128
+    } else if cols >= 64 * sms {
+        64
+    } else {
+        32
+    };
+    (block, (4096 / block).max(min_rows))
+}
+
+fn as_runtime(e: OpError) -> RuntimeError {
+    match e {
+        OpError::Runtime(r) => r,
+        other => RuntimeError::LaunchConfig(other.to_string()),
+    }
+}
+
+impl Ops {
+    /// Runs one of several launch configurations: `run(i, timed)` launches candidate `i`
+    /// (`timed`: through `launch_timed`, returning ms). On a GPU with tuning enabled the
+    /// first call per (op, shape key) times every candidate and keeps the fastest; else
+    /// candidate 0. Candidates that fail to build are skipped while tuning. Returns the
+    /// index launched.
+    pub(crate) fn launch_tuned(
+        &self,
+        op: &str,
+        shape_key: &str,
+        labels: &[String],
+        run: impl Fn(usize, bool) -> Result<f32, OpError>,
+    ) -> Result<usize, OpError> {
+        let i = if labels.len() > 1 && self.device().is_gpu() && self.tuner().enabled() {
+            self.tuner()
+                .pick(op, self.device(), shape_key, labels, |i| {
+                    run(i, true).map_err(as_runtime)
+                })
+        } else {
+            0
+        };
+        run(i, false)?;
+        Ok(i)
+    }
+
+    /// Launches `k`, timed (ms, synchronizing) or not (0.0).
+    pub(crate) fn launch_maybe_timed(
+        &self,
+        k: &Kernel,
+        grid: [u32; 3],
+        args: &[Arg],
+        timed: bool,
+    ) -> Result<f32, OpError> {
+        if timed {
+            Ok(self.device().launch_timed(self.stream(), k, grid, args)?)
+        } else {
+            self.launch(k, grid, args)?;
+            Ok(0.0)
+        }
+    }
+
+    // ---------------------------------------------------------------- RMSNorm
+
+    /// `y = x * rstd * w`, `rstd = 1/sqrt(mean(x²) + eps)` over the last dim.
+    /// Returns `(y [like x], rstd f32 [rows])`.
+    pub fn rmsnorm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor), OpError> {
+        let (rows, _) = rows_cols("rmsnorm", x)?;
+        let t = float_dtype("rmsnorm", x)?;
+        let y = self.empty(t, x.shape())?;
+        let rstd = self.empty(DType::F32, &[rows])?;
+        self.rmsnorm_into(x, w, &y, &rstd, eps)?;
+        Ok((y, rstd))
+    }
+
+    /// [`Ops::rmsnorm`] into existing `y` (x's shape and dtype) and `rstd` (f32 `[rows]`).
+    pub fn rmsnorm_into(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        y: &Tensor,
+        rstd: &Tensor,
+        eps: f32,
+    ) -> Result<(), OpError> {
+        const OP: &str = "rmsnorm";
+        let (rows, cols) = rows_cols(OP, x)?;
+        let t = float_dtype(OP, x)?;
+        check_cols(OP, cols)?;
+        expect(OP, "w", w, t, &[cols])?;
+        expect(OP, "y", y, t, x.shape())?;
+        expect(OP, "rstd", rstd, DType::F32, &[rows])?;
+        let (x2, y2) = (rows_view(OP, x, rows, cols)?, rows_view(OP, y, rows, cols)?);
+        let block = norm_block(cols, MAX_ONE_TILE);
+        let warps = fwd_warp_candidates(block);
+        let labels: Vec<String> = warps
+            .iter()
+            .map(|w| format!("BLOCK={block},warps={w}"))
+            .collect();
+        let grid = grid_x(rows)?;
+        self.launch_tuned(
+            OP,
+            &format!("T={t},rows={rows},cols={cols}"),
+            &labels,
+            |i, timed| {
+                let k = self.kernel(
+                    OP,
+                    OP,
+                    &[("T", t.to_string()), ("BLOCK", block.to_string())],
+                    Some(warps[i]),
+                    &[("x", &x2), ("w", w), ("y", &y2), ("rstd", rstd)],
+                )?;
+                let args = [
+                    Arg::from(&x2),
+                    Arg::from(w),
+                    Arg::from(&y2),
+                    Arg::from(rstd),
+                    Arg::from(eps),
+                ];
+                self.launch_maybe_timed(&k, grid, &args, timed)
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Gradients of [`Ops::rmsnorm`] given the saved `rstd`: `(dx [like x], dw [C])`.
+    pub fn rmsnorm_backward(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Tensor, Tensor), OpError> {
+        let t = float_dtype("rmsnorm_backward", x)?;
+        let dx = self.empty(t, x.shape())?;
+        let dw = self.empty(w.dtype(), w.shape())?;
+        self.rmsnorm_backward_into(x, w, rstd, dy, &dx, &dw)?;
+        Ok((dx, dw))
+    }
+
+    /// [`Ops::rmsnorm_backward`] into existing `dx` and `dw`. Allocates the f32 partials
+    /// `[G, C]` (G ≤ 4×SM) as a workspace.
+    pub fn rmsnorm_backward_into(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        dw: &Tensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "rmsnorm_backward";
+        let (rows, cols) = rows_cols(OP, x)?;
+        let t = float_dtype(OP, x)?;
+        check_cols(OP, cols)?;
+        expect(OP, "w", w, t, &[cols])?;
+        expect(OP, "rstd", rstd, DType::F32, &[rows])?;
+        expect(OP, "dy", dy, t, x.shape())?;
+        expect(OP, "dx", dx, t, x.shape())?;
+        expect(OP, "dw", dw, t, &[cols])?;
+        let x2 = rows_view(OP, x, rows, cols)?;
+        let dy2 = rows_view(OP, dy, rows, cols)?;
+        let dx2 = rows_view(OP, dx, rows, cols)?;
+        let cfgs = self.bwd_configs(rows, cols);
+        let g_max = cfgs.iter().map(|c| c.g).max().unwrap_or(1);
+        let partial_all = self.empty(DType::F32, &[g_max, cols])?;
+        let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
+        let key = format!("T={t},rows={rows},cols={cols}");
+        self.launch_tuned("rmsnorm_bwd", &key, &labels, |i, timed| {
+            let BwdConfig { block, g, warps } = cfgs[i];
+            let defs = [("T", t.to_string()), ("BLOCK", block.to_string())];
+            let part = partial_all.narrow(0, 0, g)?;
+            let k = self.kernel(
+                "rmsnorm_bwd",
+                "rmsnorm_bwd",
+                &defs,
+                Some(warps),
+                &[
+                    ("x", &x2),
+                    ("w", w),
+                    ("dy", &dy2),
+                    ("rstd", rstd),
+                    ("dx", &dx2),
+                    ("dw_partial", &part),
+                ],
+            )?;
+            let args = [
+                Arg::from(&x2),
+                Arg::from(w),
+                Arg::from(&dy2),
+                Arg::from(rstd),
+                Arg::from(&dx2),
+                Arg::from(&part),
+            ];
+            let main = self.launch_maybe_timed(&k, grid_x(g)?, &args, timed)?;
+            // dw = the column sum of exactly the G partial rows this launch wrote
+            // (timed together: a larger G costs the column sum more).
+            let (cb, cr) = colsum_tile(cols, self.sm_count(), 16);
+            let k = self.kernel(
+                "rmsnorm_bwd",
+                "rmsnorm_bwd_dw",
+                &[
+                    ("T", t.to_string()),
+                    ("BLOCK", cb.to_string()),
+                    ("ROWS", cr.to_string()),
+                ],
+                None,
+                &[("dw_partial", &part), ("dw", dw)],
+            )?;
+            let args = [Arg::from(&part), Arg::from(dw)];
+            Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, timed)?)
+        })?;
+        Ok(())
+    }
+
+    /// Candidate configurations of the norm backward kernels, the default first.
+    /// One-tile rows (BLOCK covers the row) with the default warps and G = k·SM,
+    /// k = max(2, 32 / warps) (about 32 resident warps per SM), then 2k·SM; for rows of
+    /// 2048 to 4096 also the two-pass path with BLOCK = half the row's (fewer registers,
+    /// twice the blocks per SM; the second pass re-reads the row from L2). G ≤ rows.
+    fn bwd_configs(&self, rows: usize, cols: usize) -> Vec<BwdConfig> {
+        let sms = self.sm_count();
+        let block = norm_block(cols, MAX_ONE_TILE_BWD);
+        let w = default_warps(block);
+        let k = (32 / w as usize).max(2);
+        let mut v: Vec<BwdConfig> = Vec::new();
+        let mut add = |block: usize, g: usize, warps: u32| {
+            let c = BwdConfig {
+                block,
+                g: g.min(rows).max(1),
+                warps,
+            };
+            if !v.contains(&c) {
+                v.push(c);
+            }
+        };
+        add(block, k * sms, w);
+        add(block, 2 * k * sms, w);
+        if cols > MAX_ONE_TILE_BWD / 2 && cols <= MAX_ONE_TILE_BWD {
+            add(block / 2, 2 * k * sms, (w / 2).max(1));
+            add(block / 4, 4 * k * sms, (w / 4).max(1));
+        }
+        v
+    }
+
+    // ---------------------------------------------------------------- LayerNorm
+
+    /// `y = (x - mean) * rstd * w + b` over the last dim (biased variance, like torch).
+    /// Returns `(y [like x], mean f32 [rows], rstd f32 [rows])`.
+    pub fn layernorm(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        eps: f32,
+    ) -> Result<(Tensor, Tensor, Tensor), OpError> {
+        let (rows, _) = rows_cols("layernorm", x)?;
+        let t = float_dtype("layernorm", x)?;
+        let y = self.empty(t, x.shape())?;
+        let mean = self.empty(DType::F32, &[rows])?;
+        let rstd = self.empty(DType::F32, &[rows])?;
+        self.layernorm_into(x, w, b, &y, &mean, &rstd, eps)?;
+        Ok((y, mean, rstd))
+    }
+
+    /// [`Ops::layernorm`] into existing `y`, `mean`, `rstd`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_into(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        y: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+        eps: f32,
+    ) -> Result<(), OpError> {
+        const OP: &str = "layernorm";
+        let (rows, cols) = rows_cols(OP, x)?;
+        let t = float_dtype(OP, x)?;
+        check_cols(OP, cols)?;
+        expect(OP, "w", w, t, &[cols])?;
+        expect(OP, "b", b, t, &[cols])?;
+        expect(OP, "y", y, t, x.shape())?;
+        expect(OP, "mean", mean, DType::F32, &[rows])?;
+        expect(OP, "rstd", rstd, DType::F32, &[rows])?;
+        let (x2, y2) = (rows_view(OP, x, rows, cols)?, rows_view(OP, y, rows, cols)?);
+        let block = norm_block(cols, MAX_ONE_TILE);
+        let warps = fwd_warp_candidates(block);
+        let labels: Vec<String> = warps
+            .iter()
+            .map(|w| format!("BLOCK={block},warps={w}"))
+            .collect();
+        let grid = grid_x(rows)?;
+        self.launch_tuned(
+            OP,
+            &format!("T={t},rows={rows},cols={cols}"),
+            &labels,
+            |i, timed| {
+                let k = self.kernel(
+                    OP,
+                    OP,
+                    &[("T", t.to_string()), ("BLOCK", block.to_string())],
+                    Some(warps[i]),
+                    &[
+                        ("x", &x2),
+                        ("w", w),
+                        ("b", b),
+                        ("y", &y2),
+                        ("mean", mean),
+                        ("rstd", rstd),
+                    ],
+                )?;
+                let args = [
+                    Arg::from(&x2),
+                    Arg::from(w),
+                    Arg::from(b),
+                    Arg::from(&y2),
+                    Arg::from(mean),
+                    Arg::from(rstd),
+                    Arg::from(eps),
+                ];
+                self.launch_maybe_timed(&k, grid, &args, timed)
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Gradients of [`Ops::layernorm`] given the saved `mean`, `rstd`:
+    /// `(dx [like x], dw [C], db [C])`.
+    pub fn layernorm_backward(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor), OpError> {
+        let t = float_dtype("layernorm_backward", x)?;
+        let dx = self.empty(t, x.shape())?;
+        let dw = self.empty(w.dtype(), w.shape())?;
+        let db = self.empty(w.dtype(), w.shape())?;
+        self.layernorm_backward_into(x, w, mean, rstd, dy, &dx, &dw, &db)?;
+        Ok((dx, dw, db))
+    }
+
+    /// [`Ops::layernorm_backward`] into existing `dx`, `dw`, `db`. Allocates the f32
+    /// partials `2 × [G, C]` as a workspace.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_backward_into(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+        dx: &Tensor,
+        dw: &Tensor,
+        db: &Tensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "layernorm_backward";
+        let (rows, cols) = rows_cols(OP, x)?;
+        let t = float_dtype(OP, x)?;
+        check_cols(OP, cols)?;
+        expect(OP, "w", w, t, &[cols])?;
+        expect(OP, "mean", mean, DType::F32, &[rows])?;
+        expect(OP, "rstd", rstd, DType::F32, &[rows])?;
+        expect(OP, "dy", dy, t, x.shape())?;
+        expect(OP, "dx", dx, t, x.shape())?;
+        expect(OP, "dw", dw, t, &[cols])?;
+        expect(OP, "db", db, t, &[cols])?;
+        let x2 = rows_view(OP, x, rows, cols)?;
+        let dy2 = rows_view(OP, dy, rows, cols)?;
+        let dx2 = rows_view(OP, dx, rows, cols)?;
+        let cfgs = self.bwd_configs(rows, cols);
+        let g_max = cfgs.iter().map(|c| c.g).max().unwrap_or(1);
+        let parts = self.empty(DType::F32, &[2, g_max, cols])?;
+        let (pw_all, pb_all) = (parts.select(0, 0)?, parts.select(0, 1)?);
+        let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
+        let key = format!("T={t},rows={rows},cols={cols}");
+        self.launch_tuned("layernorm_bwd", &key, &labels, |i, timed| {
+            let BwdConfig { block, g, warps } = cfgs[i];
+            let defs = [("T", t.to_string()), ("BLOCK", block.to_string())];
+            let (pw, pb) = (pw_all.narrow(0, 0, g)?, pb_all.narrow(0, 0, g)?);
+            let k = self.kernel(
+                "layernorm_bwd",
+                "layernorm_bwd",
+                &defs,
+                Some(warps),
+                &[
+                    ("x", &x2),
+                    ("w", w),
+                    ("dy", &dy2),
+                    ("mean", mean),
+                    ("rstd", rstd),
+                    ("dx", &dx2),
+                    ("dw_partial", &pw),
+                    ("db_partial", &pb),
+                ],
+            )?;
+            let args = [
+                Arg::from(&x2),
+                Arg::from(w),
+                Arg::from(&dy2),
+                Arg::from(mean),
+                Arg::from(rstd),
+                Arg::from(&dx2),
+                Arg::from(&pw),
+                Arg::from(&pb),
+            ];
+            let main = self.launch_maybe_timed(&k, grid_x(g)?, &args, timed)?;
+            // dw, db = column sums of exactly the G partial rows this launch wrote.
+            let (cb, cr) = colsum_tile(cols, self.sm_count(), 8);
+            let k = self.kernel(
+                "layernorm_bwd",
+                "layernorm_bwd_dwdb",
+                &[
+                    ("T", t.to_string()),
+                    ("BLOCK", cb.to_string()),
+                    ("ROWS", cr.to_string()),
+                ],
+                None,
+                &[
+                    ("dw_partial", &pw),
+                    ("db_partial", &pb),
+                    ("dw", dw),
+                    ("db", db),
+                ],
+            )?;
+            let args = [Arg::from(&pw), Arg::from(&pb), Arg::from(dw), Arg::from(db)];
+            Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, timed)?)
+        })?;
+        Ok(())
+    }
+}
+
+/// One launch configuration of `rmsnorm_bwd` / `layernorm_bwd`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct BwdConfig {
+    block: usize,
+    g: usize,
+    warps: u32,
+}
+
+impl BwdConfig {
+    fn label(&self) -> String {
+        format!("BLOCK={},G={},warps={}", self.block, self.g, self.warps)
+    }
+}
+
+fn check_cols(op: &'static str, cols: usize) -> Result<(), OpError> {
+    if cols == 0 {
+        return Err(shape_err(op, "the normalized (last) dimension is empty"));
+    }
+    Ok(())
+}
+
+/// The largest `|got - want| / max(|want|, floor)` with `floor = 1e-3 * max|want|` (so
+/// values near zero are judged against the output's scale); `Err` on a non-finite
+/// element where the reference is finite, a length mismatch, or an error above `tol`.
+pub(crate) fn max_rel_err(got: &[f64], want: &[f64], tol: f64) -> Result<f64, String> {
+    if got.len() != want.len() {
+        return Err(format!("{} values, expected {}", got.len(), want.len()));
+    }
+    let floor = 1e-3 * want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+    let mut worst = 0.0f64;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let e = (g - w).abs() / w.abs().max(floor);
+        if !e.is_finite() {
+            return Err(format!("element {i}: got {g}, expected {w}"));
+        }
+        if e > tol {
+            return Err(format!(
+                "element {i}: got {g}, expected {w} (relative error {e:.2e} > {tol:.0e})"
+            ));
+        }
+        worst = worst.max(e);
+    }
+    Ok(worst)
+}
+
+/// Relative tolerance of a value computed in f32 and rounded once to `t`.
+pub(crate) fn rounding_tol(t: DType) -> f64 {
+    match t {
+        DType::BF16 => 1.6e-2,
+        DType::F16 => 2e-3,
+        _ => 1e-4,
+    }
+}
+
+/// A device tensor of random values (never zero: normalish, or magnitudes in [lo, hi)).
+pub(crate) fn random_on(
+    device: &Device,
+    rng: &mut crate::cases::Rng,
+    dtype: DType,
+    shape: &[usize],
+    magnitude: Option<(f64, f64)>,
+) -> Result<(Tensor, Vec<f64>), String> {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n)
+        .map(|_| match magnitude {
+            Some((lo, hi)) => rng.signed_magnitude(lo, hi),
+            None => {
+                let x = rng.normalish();
+                if x == 0.0 {
+                    0.5
+                } else {
+                    x
+                }
+            }
+        })
+        .collect();
+    let t = device
+        .from_f64(dtype, shape, &v)
+        .map_err(|e| e.to_string())?;
+    // The values as stored (rounded to the dtype): the reference sees exactly these.
+    let stored = t.to_f64_vec().map_err(|e| e.to_string())?;
+    Ok((t, stored))
+}
+
+/// A tensor of NaNs.
+pub(crate) fn poisoned_on(
+    device: &Device,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<Tensor, String> {
+    let n: usize = shape.iter().product();
+    device
+        .from_f64(dtype, shape, &vec![f64::NAN; n])
+        .map_err(|e| e.to_string())
+}
+
+fn read(t: &Tensor) -> Result<Vec<f64>, String> {
+    t.to_f64_vec().map_err(|e| e.to_string())
+}
+
+/// Each norm op once on `[rows, C]` bf16 (one-tile and multi-tile rows) against f64.
+pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
+    let ops = Ops::new(device);
+    let mut out = Vec::new();
+    for &(rows, cols, t) in &[
+        (1000usize, 4097usize, DType::BF16),
+        (300, 768, DType::F32),
+        (37, 9000, DType::F16),
+    ] {
+        out.push((
+            format!("rmsnorm fwd+bwd {t} [{rows}x{cols}]"),
+            check_rmsnorm(&ops, rows, cols, t),
+        ));
+        out.push((
+            format!("layernorm fwd+bwd {t} [{rows}x{cols}]"),
+            check_layernorm(&ops, rows, cols, t),
+        ));
+    }
+    out
+}
+
+/// Tolerance of a column sum over `rows` f32-accumulated terms.
+fn sum_tol(t: DType, rows: usize) -> f64 {
+    rounding_tol(t).max(1e-6 * rows as f64 + 1e-4)
+}
+
+fn check_rmsnorm(ops: &Ops, rows: usize, cols: usize, t: DType) -> Result<f64, String> {
+    let d = ops.device();
+    let e = |x: OpError| x.to_string();
+    let mut rng = crate::cases::Rng::new(21);
+    let (x, xv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let (w, wv) = random_on(d, &mut rng, t, &[cols], Some((0.5, 1.5)))?;
+    let (dy, dyv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let (y, rstd) = (
+        poisoned_on(d, t, &[rows, cols])?,
+        poisoned_on(d, DType::F32, &[rows])?,
+    );
+    let (dx, dw) = (
+        poisoned_on(d, t, &[rows, cols])?,
+        poisoned_on(d, t, &[cols])?,
+    );
+    ops.rmsnorm_into(&x, &w, &y, &rstd, 1e-5).map_err(e)?;
+    ops.rmsnorm_backward_into(&x, &w, &rstd, &dy, &dx, &dw)
+        .map_err(e)?;
+    let (y_ref, r_ref) = crate::cases::rmsnorm::reference(&xv, &wv, cols, 1e-5);
+    let (dx_ref, part) =
+        crate::cases::norm_bwd::rmsnorm_bwd_reference(&xv, &wv, &dyv, &r_ref, cols, 1);
+    let tol = rounding_tol(t);
+    let mut worst = max_rel_err(&read(&y)?, &y_ref, tol).map_err(|m| format!("y: {m}"))?;
+    worst = worst.max(max_rel_err(&read(&rstd)?, &r_ref, 1e-4).map_err(|m| format!("rstd: {m}"))?);
+    worst = worst.max(max_rel_err(&read(&dx)?, &dx_ref, tol).map_err(|m| format!("dx: {m}"))?);
+    worst = worst
+        .max(max_rel_err(&read(&dw)?, &part, sum_tol(t, rows)).map_err(|m| format!("dw: {m}"))?);
+    Ok(worst)
+}
+
+fn check_layernorm(ops: &Ops, rows: usize, cols: usize, t: DType) -> Result<f64, String> {
+    let d = ops.device();
+    let e = |x: OpError| x.to_string();
+    let mut rng = crate::cases::Rng::new(22);
+    let (x, xv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let (w, wv) = random_on(d, &mut rng, t, &[cols], Some((0.5, 1.5)))?;
+    let (b, bv) = random_on(d, &mut rng, t, &[cols], Some((0.1, 1.0)))?;
+    let (dy, dyv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let y = poisoned_on(d, t, &[rows, cols])?;
+    let (mean, rstd) = (
+        poisoned_on(d, DType::F32, &[rows])?,
+        poisoned_on(d, DType::F32, &[rows])?,
+    );
+    let dx = poisoned_on(d, t, &[rows, cols])?;
+    let (dw, db) = (poisoned_on(d, t, &[cols])?, poisoned_on(d, t, &[cols])?);
+    ops.layernorm_into(&x, &w, &b, &y, &mean, &rstd, 1e-5)
+        .map_err(e)?;
+    ops.layernorm_backward_into(&x, &w, &mean, &rstd, &dy, &dx, &dw, &db)
+        .map_err(e)?;
+    let (y_ref, m_ref, r_ref) = crate::cases::layernorm::reference(&xv, &wv, &bv, cols, 1e-5);
+    let (dx_ref, dw_ref, db_ref) =
+        crate::cases::norm_bwd::layernorm_bwd_reference(&xv, &wv, &dyv, &m_ref, &r_ref, cols, 1);
+    let tol = rounding_tol(t);
+    let mut worst = max_rel_err(&read(&y)?, &y_ref, tol).map_err(|m| format!("y: {m}"))?;
+    worst = worst.max(max_rel_err(&read(&mean)?, &m_ref, 1e-4).map_err(|m| format!("mean: {m}"))?);
+    worst = worst.max(max_rel_err(&read(&rstd)?, &r_ref, 1e-4).map_err(|m| format!("rstd: {m}"))?);
+    worst = worst.max(max_rel_err(&read(&dx)?, &dx_ref, tol).map_err(|m| format!("dx: {m}"))?);
+    let st = sum_tol(t, rows);
+    worst = worst.max(max_rel_err(&read(&dw)?, &dw_ref, st).map_err(|m| format!("dw: {m}"))?);
+    worst = worst.max(max_rel_err(&read(&db)?, &db_ref, st).map_err(|m| format!("db: {m}"))?);
+    Ok(worst)
+}

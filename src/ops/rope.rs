@@ -1,1 +1,240 @@
-//! Placeholder: being written.
+//! Rotary position embedding, Llama's rotate-half form (`kernels-src/rope.kg`), forward
+//! and backward, plus the cos/sin tables.
+//!
+//! Assumes: x `[B, S, H, D]` contiguous (viewed as `[B*S*H, D]`; position of row r is
+//! `(r / H) % S`), D even; cos, sin `[>= S, D/2]` of one float dtype C (f32 tables from
+//! [`Ops::rope_tables`], or T), last stride 1. out has x's shape and dtype and may not
+//! overlap x (the launch rejects it).
+//!
+//! Guarantees: `out1 = x1*cos - x2*sin, out2 = x2*cos + x1*sin` (the backward uses -sin,
+//! which is the exact transpose of the rotation) in f32, rounded to T once. The kernel is
+//! specialized on HEAD_DIM = D; ROWS (rows per block) divides H, so each block loads one
+//! table row: candidates gcd(H, 16), gcd(H, 32), gcd(H, 8), the first the default; on a
+//! GPU the first call per shape picks the fastest through [`Ops::tuner`].
+
+use super::norm::{max_rel_err, poisoned_on, random_on, rounding_tol};
+use super::{as_rows, dtype_err, float_dtype, shape_err, OpError, Ops};
+use kgen_core::types::DType;
+use kgen_runtime::{grid_1d, Arg, Device, Tensor};
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Ops {
+    /// `cos, sin` f32 `[seq_len, head_dim / 2]`: angle `p * base^(-2i / head_dim)` for
+    /// position p and pair i, computed in f64 on the host and rounded once.
+    pub fn rope_tables(
+        device: &Device,
+        seq_len: usize,
+        head_dim: usize,
+        base: f64,
+    ) -> Result<(Tensor, Tensor), OpError> {
+        const OP: &str = "rope_tables";
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(shape_err(
+                OP,
+                format!("head_dim {head_dim} must be even and > 0"),
+            ));
+        }
+        if !(base.is_finite() && base > 0.0) {
+            return Err(shape_err(
+                OP,
+                format!("base {base} must be finite and positive"),
+            ));
+        }
+        let half = head_dim / 2;
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| base.powf(-((2 * i) as f64) / head_dim as f64))
+            .collect();
+        let mut cos = Vec::with_capacity(seq_len * half);
+        let mut sin = Vec::with_capacity(seq_len * half);
+        for p in 0..seq_len {
+            for f in &inv_freq {
+                let a = p as f64 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        Ok((
+            device.from_f64(DType::F32, &[seq_len, half], &cos)?,
+            device.from_f64(DType::F32, &[seq_len, half], &sin)?,
+        ))
+    }
+
+    /// RoPE of `x [B, S, H, D]` with tables `cos, sin [>= S, D/2]`.
+    pub fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, OpError> {
+        let t = float_dtype("rope", x)?;
+        let out = self.empty(t, x.shape())?;
+        self.rope_into(x, cos, sin, &out)?;
+        Ok(out)
+    }
+
+    /// [`Ops::rope`] into an existing `out`.
+    pub fn rope_into(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        out: &Tensor,
+    ) -> Result<(), OpError> {
+        self.rope_launch("rope", x, cos, sin, out, false)
+    }
+
+    /// Gradient of [`Ops::rope`]: `dx` from `dy [B, S, H, D]` (the inverse rotation).
+    pub fn rope_backward(
+        &self,
+        dy: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<Tensor, OpError> {
+        let t = float_dtype("rope_backward", dy)?;
+        let dx = self.empty(t, dy.shape())?;
+        self.rope_backward_into(dy, cos, sin, &dx)?;
+        Ok(dx)
+    }
+
+    /// [`Ops::rope_backward`] into an existing `dx`.
+    pub fn rope_backward_into(
+        &self,
+        dy: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        dx: &Tensor,
+    ) -> Result<(), OpError> {
+        self.rope_launch("rope_backward", dy, cos, sin, dx, true)
+    }
+
+    fn rope_launch(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        out: &Tensor,
+        backward: bool,
+    ) -> Result<(), OpError> {
+        let t = float_dtype(op, x)?;
+        let &[b, s, h, d] = x.shape() else {
+            return Err(shape_err(
+                op,
+                format!("expected x of shape [B, S, H, D], got {:?}", x.shape()),
+            ));
+        };
+        if d == 0 || d % 2 != 0 {
+            return Err(shape_err(op, format!("head dim {d} must be even and > 0")));
+        }
+        super::expect(op, "out", out, t, x.shape())?;
+        let c = float_dtype(op, cos)?;
+        if sin.dtype() != c {
+            return Err(dtype_err(
+                op,
+                format!("cos and sin must share a dtype: {c} vs {}", sin.dtype()),
+            ));
+        }
+        for (name, tab) in [("cos", cos), ("sin", sin)] {
+            if tab.rank() != 2 || tab.shape()[0] < s || tab.shape()[1] != d / 2 {
+                return Err(shape_err(
+                    op,
+                    format!(
+                        "`{name}` must have shape [>= {s}, {}], got {:?}",
+                        d / 2,
+                        tab.shape()
+                    ),
+                ));
+            }
+        }
+        if h > i32::MAX as usize || s > i32::MAX as usize {
+            return Err(shape_err(op, "H and S must fit in i32"));
+        }
+        let rows = b * s * h;
+        let x2 = as_rows(op, x)?;
+        let o2 = as_rows(op, out)?;
+        let mut cands: Vec<usize> = Vec::new();
+        for m in [16, 32, 8] {
+            let r = gcd(h.max(1), m);
+            if !cands.contains(&r) {
+                cands.push(r);
+            }
+        }
+        let labels: Vec<String> = cands.iter().map(|r| format!("ROWS={r}")).collect();
+        let key = format!("T={t},C={c},B={b},S={s},H={h},D={d},bwd={backward}");
+        let name = if backward { "rope_bwd" } else { "rope" };
+        self.launch_tuned(name, &key, &labels, |i, timed| {
+            let r = cands[i];
+            let k = self.kernel(
+                "rope",
+                "rope",
+                &[
+                    ("T", t.to_string()),
+                    ("C", c.to_string()),
+                    ("HEAD_DIM", d.to_string()),
+                    ("ROWS", r.to_string()),
+                    ("BACKWARD", backward.to_string()),
+                ],
+                None,
+                &[("x", &x2), ("cos", cos), ("sin", sin), ("out", &o2)],
+            )?;
+            let args = [
+                Arg::from(&x2),
+                Arg::from(cos),
+                Arg::from(sin),
+                Arg::from(&o2),
+                Arg::from(h as i32),
+                Arg::from(s as i32),
+            ];
+            self.launch_maybe_timed(&k, grid_1d(rows, r)?, &args, timed)
+        })?;
+        Ok(())
+    }
+}
+
+/// RoPE forward and backward once each on awkward shapes against f64.
+pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
+    let ops = Ops::new(device);
+    let mut out = Vec::new();
+    for &(b, s, h, d, t) in &[
+        (2usize, 100usize, 12usize, 64usize, DType::BF16),
+        (1, 37, 7, 128, DType::F32),
+        (3, 9, 5, 6, DType::F16),
+    ] {
+        out.push((
+            format!("rope fwd+bwd {t} [{b}x{s}x{h}x{d}]"),
+            check_rope(&ops, [b, s, h, d], t),
+        ));
+    }
+    out
+}
+
+fn read(t: &Tensor) -> Result<Vec<f64>, String> {
+    t.to_f64_vec().map_err(|e| e.to_string())
+}
+
+fn check_rope(ops: &Ops, shape: [usize; 4], t: DType) -> Result<f64, String> {
+    let dev = ops.device();
+    let e = |x: OpError| x.to_string();
+    let [b, s, h, d] = shape;
+    let mut rng = crate::cases::Rng::new(41);
+    let (x, xv) = random_on(dev, &mut rng, t, &shape, None)?;
+    let (cos, sin) = Ops::rope_tables(dev, s + 3, d, 10000.0).map_err(e)?;
+    let (out, dx) = (poisoned_on(dev, t, &shape)?, poisoned_on(dev, t, &shape)?);
+    ops.rope_into(&x, &cos, &sin, &out).map_err(e)?;
+    ops.rope_backward_into(&x, &cos, &sin, &dx).map_err(e)?;
+    let rs = crate::cases::rope::RopeShape {
+        batch: b,
+        seq: s,
+        heads: h,
+        head_dim: d,
+        table_rows: s + 3,
+    };
+    let (cv, sv) = (read(&cos)?, read(&sin)?);
+    let want = crate::cases::rope::reference(&xv, &cv, &sv, rs, false);
+    let want_bwd = crate::cases::rope::reference(&xv, &cv, &sv, rs, true);
+    let tol = rounding_tol(t);
+    let worst = max_rel_err(&read(&out)?, &want, tol).map_err(|m| format!("out: {m}"))?;
+    Ok(worst.max(max_rel_err(&read(&dx)?, &want_bwd, tol).map_err(|m| format!("dx: {m}"))?))
+}

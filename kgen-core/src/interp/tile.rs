@@ -273,7 +273,7 @@ pub(crate) fn reduce(op: ReduceOp, a: &Val, axis: u8) -> Result<Val, InterpError
             match reduce_int(op, $v, outer, len, inner) {
                 (Some(r), _) => Data::$variant(r),
                 (_, Some(r)) => Data::I32(r),
-                _ => unreachable!(),
+                (None, None) => return Err(bad("reduce produced no result".into())),
             }
         };
     }

@@ -1,0 +1,484 @@
+//! GPU tests of the Device / Tensor / launch API: results against float64 and the
+//! interpreter, async uploads through the pinned ring (wrapping it, no host sync), the
+//! host cost of a warm launch, wrong-device and misalignment errors on real pointers,
+//! user cudarc streams, launches from another thread, and the disk cache of driver JIT
+//! output (hit, corrupt entry rebuilt). Each test prints that it skipped and passes when
+//! the machine has no CUDA driver or no kgen-capable GPU.
+
+use crate::*;
+use kgen_core::types::DType;
+use kgen_core::{CompileOptions, SourceFile};
+use std::sync::Arc;
+
+const SRC: &str = "
+kernel axpy<T: float = f32, B: int = 256>(
+    a: f32, x: tensor<T, 1, contiguous>, y: tensor<T, 1, contiguous>, out: tensor<T, 1, contiguous>,
+) {
+    let i = bid(0);
+    store(out, [i], (a * (load(x, [i], [B]) as f32) + (load(y, [i], [B]) as f32)) as T);
+}
+kernel copy_row<B: int = 8>(p: tensor<f32, 1, contiguous>, out: tensor<f32, 1, contiguous>) {
+    store(out, [0], load(p, [0], [B]) * 2.0);
+}
+";
+
+fn file() -> SourceFile {
+    SourceFile::new("gpu_api.kg", SRC)
+}
+
+fn gpu_or_skip(test: &str) -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("{test}: skipped, no usable GPU ({e})");
+            None
+        }
+    }
+}
+
+fn vals(n: usize, seed: u64) -> Vec<f64> {
+    (0..n)
+        .map(|i| {
+            let h = (i as u64 + 1).wrapping_mul(0x9E3779B97F4A7C15) ^ seed;
+            ((h >> 11) as f64 / (1u64 << 53) as f64) * 4.0 - 2.0 + 0.001
+        })
+        .collect()
+}
+
+fn axpy_kernel(d: &Device, t: DType, ts: &[(&str, &Tensor)]) -> Arc<Kernel> {
+    let mut o = CompileOptions::new(d.arch()).kernel("axpy").define("T", t);
+    o.tensor_align = alignments(ts);
+    d.kernel(&file(), &o).unwrap()
+}
+
+/// Runs axpy on `d` and returns the output as f64, with the rounded inputs.
+fn run_axpy(d: &Device, t: DType, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let x = d.from_f64(t, &[n], &vals(n, 11)).unwrap();
+    let y = d.from_f64(t, &[n], &vals(n, 12)).unwrap();
+    let out = d.from_f64(t, &[n], &vec![f64::NAN; n]).unwrap();
+    let k = axpy_kernel(d, t, &[("x", &x), ("y", &y), ("out", &out)]);
+    let args = [Arg::from(-0.75f32), (&x).into(), (&y).into(), (&out).into()];
+    d.launch(&d.stream(), &k, grid_1d(n, 256).unwrap(), &args)
+        .unwrap();
+    (
+        out.to_f64_vec().unwrap(),
+        x.to_f64_vec().unwrap(),
+        y.to_f64_vec().unwrap(),
+    )
+}
+
+#[test]
+fn gpu_launch_matches_f64_and_the_interpreter() {
+    let Some(gpu) = gpu_or_skip("gpu_launch_matches_f64_and_the_interpreter") else {
+        return;
+    };
+    let interp = Device::interpreter();
+    for &t in &[DType::F32, DType::BF16, DType::F16] {
+        for &n in &[1usize, 7, 1000, 4097] {
+            let (got, x, y) = run_axpy(&gpu, t, n);
+            let (interp_got, _, _) = run_axpy(&interp, t, n);
+            let tol = match t {
+                DType::F32 => 1e-6,
+                DType::F16 => 1e-3,
+                _ => 8e-3,
+            };
+            for i in 0..n {
+                let want = -0.75 * x[i] + y[i];
+                assert!(
+                    (got[i] - want).abs() <= tol * want.abs() + 1e-6,
+                    "{t} n={n} i={i}: {} vs {want}",
+                    got[i]
+                );
+                // The interpreter agrees up to one rounding (FMA contraction).
+                assert!(
+                    (got[i] - interp_got[i]).abs() <= tol * want.abs() + 1e-6,
+                    "{t} n={n} i={i}: GPU {} vs interpreter {}",
+                    got[i],
+                    interp_got[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_upload_async_wraps_the_ring_in_stream_order() {
+    let Some(d) = gpu_or_skip("gpu_upload_async_wraps_the_ring_in_stream_order") else {
+        return;
+    };
+    let k = d
+        .kernel(&file(), &CompileOptions::new(d.arch()).kernel("copy_row"))
+        .unwrap();
+    let steps = 3 * crate::upload::SLOTS + 5;
+    let s = d.new_stream().unwrap();
+    let p = d.zeros(DType::F32, &[8]).unwrap();
+    let out = d
+        .from_slice(&[steps, 8], &vec![f32::NAN; steps * 8])
+        .unwrap();
+    d.synchronize().unwrap();
+    // Each step overwrites the same parameter table, then a kernel reads it: the
+    // kernel must see exactly that step's values (stream order, staging never reused
+    // before its copy ran).
+    for step in 0..steps {
+        let table: Vec<f32> = (0..8)
+            .map(|j| step as f32 * 10.0 + j as f32 + 0.5)
+            .collect();
+        s.upload_f32_async(&p, &table).unwrap();
+        let row = out.select(0, step).unwrap();
+        d.launch(&s, &k, [1, 1, 1], &[(&p).into(), (&row).into()])
+            .unwrap();
+    }
+    s.synchronize().unwrap();
+    let got = out.to_vec::<f32>().unwrap();
+    for step in 0..steps {
+        for j in 0..8 {
+            let want = 2.0 * (step as f32 * 10.0 + j as f32 + 0.5);
+            assert_eq!(got[step * 8 + j], want, "step {step} j {j}");
+        }
+    }
+    // Too large for a staging slot, or the wrong size: typed errors.
+    let big = d
+        .zeros(DType::F32, &[crate::upload::SLOT_BYTES / 4 + 1])
+        .unwrap();
+    assert!(matches!(
+        s.upload_f32_async(&big, &vec![1.0; crate::upload::SLOT_BYTES / 4 + 1]),
+        Err(RuntimeError::Transfer(_))
+    ));
+    assert!(matches!(
+        s.upload_f32_async(&p, &[1.0; 7]),
+        Err(RuntimeError::Transfer(_))
+    ));
+}
+
+#[test]
+fn gpu_upload_async_does_not_wait_for_queued_kernels() {
+    let Some(d) = gpu_or_skip("gpu_upload_async_does_not_wait_for_queued_kernels") else {
+        return;
+    };
+    let n = 32 << 20;
+    let x = d.zeros(DType::F32, &[n]).unwrap();
+    let y = d.zeros(DType::F32, &[n]).unwrap();
+    let out = d.empty(DType::F32, &[n]).unwrap();
+    let k = axpy_kernel(&d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
+    let s = d.stream();
+    let args = [Arg::from(1.0f32), (&x).into(), (&y).into(), (&out).into()];
+    let grid = grid_1d(n, 256).unwrap();
+    d.launch(&s, &k, grid, &args).unwrap();
+    let one_ms = d.launch_timed(&s, &k, grid, &args).unwrap();
+    assert!(one_ms > 0.0);
+    let p = d.zeros(DType::F32, &[16]).unwrap();
+    // The first upload allocates the pinned ring (which may synchronize): not timed.
+    s.upload_f32_async(&p, &[-1.0; 16]).unwrap();
+    d.synchronize().unwrap();
+    // Queue ~20 big kernels, then upload: the uploads must return long before they end.
+    for _ in 0..20 {
+        d.launch(&s, &k, grid, &args).unwrap();
+    }
+    let t = std::time::Instant::now();
+    for i in 0..16 {
+        s.upload_f32_async(&p, &[i as f32; 16]).unwrap();
+    }
+    let host_ms = t.elapsed().as_secs_f64() * 1e3;
+    let queued_ms = 20.0 * one_ms as f64;
+    s.synchronize().unwrap();
+    eprintln!(
+        "16 upload_async calls took {host_ms:.3} ms on the host behind {queued_ms:.2} ms of queued kernels"
+    );
+    assert!(
+        host_ms < 0.5 * queued_ms,
+        "uploads waited for the GPU: {host_ms} ms vs {queued_ms} ms queued"
+    );
+    assert_eq!(p.to_vec::<f32>().unwrap(), vec![15.0f32; 16]);
+}
+
+/// Host time per call (µs) of two launch loops, `per_round` calls each, timed in
+/// alternating rounds behind `busy` (which keeps the GPU busy, so the launch queue
+/// neither drains nor fills and only the host cost is measured): the medians.
+fn host_us_per_call_ab(
+    s: &Stream,
+    busy: &dyn Fn(),
+    a: &mut dyn FnMut(),
+    b: &mut dyn FnMut(),
+    per_round: usize,
+) -> (f64, f64) {
+    let mut times = [Vec::new(), Vec::new()];
+    for round in 0..14 {
+        let which = (round + round / 2) % 2; // a b b a a b b a ...
+        s.synchronize().unwrap();
+        busy();
+        let t = std::time::Instant::now();
+        for _ in 0..per_round {
+            if which == 0 {
+                a()
+            } else {
+                b()
+            }
+        }
+        times[which].push(t.elapsed().as_secs_f64() * 1e6 / per_round as f64);
+        s.synchronize().unwrap();
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        v[v.len() / 2]
+    };
+    let [mut ta, mut tb] = times;
+    (median(&mut ta), median(&mut tb))
+}
+
+#[test]
+fn gpu_warm_launch_host_cost() {
+    let Some(d) = gpu_or_skip("gpu_warm_launch_host_cost") else {
+        return;
+    };
+    let n = 4096;
+    let x = d.from_f64(DType::F32, &[n], &vals(n, 1)).unwrap();
+    let y = d.from_f64(DType::F32, &[n], &vals(n, 2)).unwrap();
+    let out = d.empty(DType::F32, &[n]).unwrap();
+    let k = axpy_kernel(&d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
+    let s = d.stream();
+    let args = [Arg::from(1.0f32), (&x).into(), (&y).into(), (&out).into()];
+    let grid = grid_1d(n, 256).unwrap();
+    // The GPU-side filler: ~20 bandwidth-bound kernels over 3 x 128 MiB.
+    let big = 32 << 20;
+    let bx = d.zeros(DType::F32, &[big]).unwrap();
+    let by = d.zeros(DType::F32, &[big]).unwrap();
+    let bo = d.empty(DType::F32, &[big]).unwrap();
+    let kb = axpy_kernel(&d, DType::F32, &[("x", &bx), ("y", &by), ("out", &bo)]);
+    let bargs = [Arg::from(1.0f32), (&bx).into(), (&by).into(), (&bo).into()];
+    let bgrid = grid_1d(big, 256).unwrap();
+    let busy = || {
+        for _ in 0..20 {
+            d.launch(&s, &kb, bgrid, &bargs).unwrap();
+        }
+    };
+    for _ in 0..100 {
+        d.launch(&s, &k, grid, &args).unwrap();
+    }
+    let per_round = 400;
+    // The same launch as a bare cuLaunchKernel with parameters packed once.
+    let crate::kernel::Exec::Cuda(loaded) = &k.exec else {
+        unreachable!("a GPU device loads CUDA kernels")
+    };
+    let func = loaded.func.cu_function();
+    let mut values = vec![0u64; k.compiled().abi.params.len()];
+    crate::launch::pack_into(&k, &args, &mut values).unwrap();
+    let mut ptrs: Vec<*mut std::ffi::c_void> = values
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+        .collect();
+    let threads = k.compiled().launch.threads_per_block;
+    let raw_stream = s.raw();
+    let (ours, raw) = host_us_per_call_ab(
+        &s,
+        &busy,
+        &mut || d.launch(&s, &k, grid, &args).unwrap(),
+        &mut || unsafe {
+            cudarc::driver::sys::cuLaunchKernel(
+                func,
+                grid[0],
+                1,
+                1,
+                threads,
+                1,
+                1,
+                0,
+                raw_stream,
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()
+            .unwrap()
+        },
+        per_round,
+    );
+    eprintln!(
+        "warm launch host cost (4 args, median of 7 rounds of {per_round}, interleaved): Device::launch {ours:.2} us, \
+         bare cuLaunchKernel {raw:.2} us, kgen's own share {:.2} us",
+        ours - raw
+    );
+    // Where kgen's share goes: each piece alone, in a tight loop (no launch).
+    let each_ns = |f: &mut dyn FnMut()| {
+        let reps = 100_000;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        t.elapsed().as_secs_f64() * 1e9 / reps as f64
+    };
+    let ctx = d.gpu().unwrap().context().clone();
+    let bind_ns = each_ns(&mut || ctx.bind_to_thread().unwrap());
+    let check_ns = each_ns(&mut || check_args(&d, &k, &args).unwrap());
+    let pack_ns = each_ns(&mut || {
+        crate::launch::pack_into(&k, &args, std::hint::black_box(&mut values)).unwrap()
+    });
+    eprintln!(
+        "  pieces: context check {bind_ns:.0} ns, argument checks {check_ns:.0} ns, packing {pack_ns:.0} ns"
+    );
+    // Argument checks, packing and the context check must stay well under a microsecond.
+    assert!(
+        ours - raw < 1.0,
+        "Device::launch {ours} us vs the driver's {raw} us"
+    );
+}
+
+#[test]
+fn gpu_errors_on_real_pointers_and_devices() {
+    let Some(d) = gpu_or_skip("gpu_errors_on_real_pointers_and_devices") else {
+        return;
+    };
+    let n = 1000;
+    let x = d.from_f64(DType::F32, &[n], &vals(n, 1)).unwrap();
+    let y = d.from_f64(DType::F32, &[n], &vals(n, 2)).unwrap();
+    let out = d.empty(DType::F32, &[n]).unwrap();
+    let k = axpy_kernel(&d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
+    assert_eq!(k.compiled().abi.source_params.len(), 4);
+    let s = d.stream();
+    // The actual device address of an odd-offset view is only 4-byte aligned.
+    let xo = x.narrow(0, 1, 500).unwrap();
+    let yo = y.narrow(0, 0, 500).unwrap();
+    let oo = out.narrow(0, 0, 500).unwrap();
+    assert_eq!(xo.device_ptr().unwrap() - x.device_ptr().unwrap(), 4);
+    match d.launch(
+        &s,
+        &k,
+        [2, 1, 1],
+        &[1f32.into(), (&xo).into(), (&yo).into(), (&oo).into()],
+    ) {
+        Err(RuntimeError::Arg(ArgError::Misaligned { actual, .. })) => assert_eq!(actual, 4),
+        other => panic!("{other:?}"),
+    }
+    // The same view works with a kernel specialized for its alignment.
+    let k4 = axpy_kernel(&d, DType::F32, &[("x", &xo), ("y", &yo), ("out", &oo)]);
+    d.launch(
+        &s,
+        &k4,
+        grid_1d(500, 256).unwrap(),
+        &[2f32.into(), (&xo).into(), (&yo).into(), (&oo).into()],
+    )
+    .unwrap();
+    let (xv, yv, ov) = (
+        x.to_f64_vec().unwrap(),
+        y.to_f64_vec().unwrap(),
+        out.to_f64_vec().unwrap(),
+    );
+    for i in 0..500 {
+        let want = 2.0 * xv[i + 1] + yv[i];
+        assert!((ov[i] - want).abs() <= 1e-6 * want.abs() + 1e-6, "i={i}");
+    }
+    // A second handle on the same GPU is another device for tensors and kernels.
+    let d2 = Device::cuda(0).unwrap();
+    let x2 = d2.from_f64(DType::F32, &[n], &vals(n, 1)).unwrap();
+    let args = [1f32.into(), (&x2).into(), (&y).into(), (&out).into()];
+    assert!(matches!(
+        d.launch(&s, &k, [1, 1, 1], &args),
+        Err(RuntimeError::WrongDevice(_))
+    ));
+    assert!(matches!(
+        x.copy_from(&x2),
+        Err(RuntimeError::WrongDevice(_))
+    ));
+    // Interpreter tensors on a GPU launch, and a cudarc stream on the interpreter.
+    let xi = Device::interpreter()
+        .from_f64(DType::F32, &[n], &vals(n, 1))
+        .unwrap();
+    let args = [1f32.into(), (&xi).into(), (&y).into(), (&out).into()];
+    assert!(matches!(
+        d.launch(&s, &k, [1, 1, 1], &args),
+        Err(RuntimeError::WrongDevice(_))
+    ));
+    let user_stream = d.gpu().unwrap().context().new_stream().unwrap();
+    assert!(matches!(
+        Stream::from_cudarc(&Device::interpreter(), user_stream.clone()),
+        Err(RuntimeError::WrongDevice(_))
+    ));
+}
+
+#[test]
+fn gpu_user_cudarc_stream_and_other_threads() {
+    let Some(d) = gpu_or_skip("gpu_user_cudarc_stream_and_other_threads") else {
+        return;
+    };
+    let n = 4097;
+    let x = d.from_f64(DType::F32, &[n], &vals(n, 5)).unwrap();
+    let y = d.from_f64(DType::F32, &[n], &vals(n, 6)).unwrap();
+    let out = d.from_f64(DType::F32, &[n], &vec![f64::NAN; n]).unwrap();
+    let k = axpy_kernel(&d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
+    d.synchronize().unwrap();
+    let user = d.gpu().unwrap().context().new_stream().unwrap();
+    let s = Stream::from_cudarc(&d, user.clone()).unwrap();
+    assert!(Arc::ptr_eq(s.cudarc().unwrap(), &user));
+    // Launch from a thread that never touched the context.
+    let (d2, k2, x2, y2, o2, s2) = (
+        d.clone(),
+        k.clone(),
+        x.clone(),
+        y.clone(),
+        out.clone(),
+        s.clone(),
+    );
+    std::thread::spawn(move || {
+        let args = [Arg::from(3.0f32), (&x2).into(), (&y2).into(), (&o2).into()];
+        d2.launch(&s2, &k2, grid_1d(n, 256).unwrap(), &args)
+            .unwrap();
+        s2.synchronize().unwrap();
+    })
+    .join()
+    .unwrap();
+    let (xv, yv, ov) = (
+        x.to_f64_vec().unwrap(),
+        y.to_f64_vec().unwrap(),
+        out.to_f64_vec().unwrap(),
+    );
+    for i in 0..n {
+        let want = 3.0 * xv[i] + yv[i];
+        assert!((ov[i] - want).abs() <= 1e-6 * want.abs() + 1e-6, "i={i}");
+    }
+}
+
+#[test]
+fn gpu_disk_cache_hits_and_rebuilds_corrupt_entries() {
+    if gpu_or_skip("gpu_disk_cache_hits_and_rebuilds_corrupt_entries").is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kgen-gpu-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let with_cache = || Device::cuda_with_disk_cache(0, Some(DiskCache::new(&dir))).unwrap();
+    let check = |d: &Device| {
+        let (got, x, y) = run_axpy(d, DType::F32, 1000);
+        for i in 0..1000 {
+            let want = -0.75 * x[i] + y[i];
+            assert!((got[i] - want).abs() <= 1e-6 * want.abs() + 1e-6, "i={i}");
+        }
+    };
+    let first = with_cache();
+    check(&first);
+    let st = first.cache_stats();
+    assert_eq!((st.disk_hits, st.disk_rejected), (0, 0), "{st:?}");
+    let entries: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), st.compiles as usize, "{entries:?}");
+    let second = with_cache();
+    check(&second);
+    let st = second.cache_stats();
+    assert_eq!((st.disk_hits, st.disk_rejected), (st.compiles, 0), "{st:?}");
+    // Flip a byte in the cubin of every entry: rejected, rebuilt, still correct.
+    for p in &entries {
+        let mut b = std::fs::read(p).unwrap();
+        let last = b.len() - 1;
+        b[last] ^= 0x5a;
+        std::fs::write(p, b).unwrap();
+    }
+    let third = with_cache();
+    check(&third);
+    let st = third.cache_stats();
+    assert_eq!((st.disk_hits, st.disk_rejected), (0, st.compiles), "{st:?}");
+    let fourth = with_cache();
+    check(&fourth);
+    assert_eq!(
+        fourth.cache_stats().disk_hits,
+        fourth.cache_stats().compiles
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

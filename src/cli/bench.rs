@@ -1,0 +1,373 @@
+//! `kgen bench`: times every op workload of `shared/ANCHORS.md` on GPU 0 (see
+//! `kgen::bench` for the workloads and `kgen::bench::measure` for the method), beside the
+//! device-to-device copy measured in the same run and, with `--peers FILE`, the PyTorch
+//! peers `bench/torch_peers.py --json FILE` measured; then the host launch cost, the
+//! first launch of a bundled kernel (cold / warm disk cache) and kgen's compile time per
+//! bundled kernel. Without a GPU it says so and exits 0 (it is a GPU tool).
+//!
+//! Exit status: 0 when every workload ran (missed targets are reported, not failures),
+//! 1 when one failed or an output file could not be written, 2 for usage errors.
+
+use super::common::{say, CliError, CliResult};
+use clap::Args;
+use kgen::bench::measure::{compile_times, first_launches, launch_cost, run_workload, Timer};
+use kgen::bench::{
+    format_table, gpt2_param_shapes, merge_peers, parse_peers, rows_json, selected, to_csv,
+    total_numel, workloads, PeerRecord, Row,
+};
+use kgen::ops::Ops;
+use kgen::runtime::Device;
+use serde_json::json;
+use std::path::PathBuf;
+
+/// The ANCHORS target of one host-side launch from Rust.
+const LAUNCH_TARGET_US: f64 = 3.0;
+/// The ANCHORS target of DSL → PTX per kernel (on the 2-core development machine).
+const COMPILE_TARGET_MS: f64 = 5.0;
+/// Bytes cleared before each timed run to empty the 50 MB L2 (as do_bench's 256 MB).
+const FLUSH_BYTES: usize = 256 << 20;
+/// Back-to-back launches for the launch cost.
+const LAUNCHES: usize = 10_000;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Only workloads whose name contains PATTERN (comma-separated alternatives; the
+    /// copy always runs, the others are divided by it).
+    #[arg(long, value_name = "PATTERN")]
+    pub filter: Option<String>,
+    /// Write the rows as CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Write everything measured as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The JSON of `bench/torch_peers.py --json`: torch's numbers side by side.
+    #[arg(long, value_name = "FILE")]
+    pub peers: Option<PathBuf>,
+    /// Fewer runs (median of 20 instead of 50) and fewer compile repetitions.
+    #[arg(long)]
+    pub quick: bool,
+    /// Only the workloads: skip the launch-cost, first-launch and compile-time parts.
+    #[arg(long)]
+    pub no_extras: bool,
+}
+
+fn read_peers(path: &PathBuf) -> Result<Vec<PeerRecord>, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Msg(format!("cannot read `{}`: {e}", path.display())))?;
+    parse_peers(&text).map_err(|e| CliError::Msg(format!("`{}`: {e}", path.display())))
+}
+
+fn write_file(path: &PathBuf, text: &str) -> Result<(), CliError> {
+    std::fs::write(path, text)
+        .map_err(|e| CliError::Msg(format!("cannot write `{}`: {e}", path.display())))
+}
+
+fn progress(line: impl std::fmt::Display) {
+    eprintln!("{line}");
+}
+
+pub fn bench(a: BenchArgs) -> CliResult {
+    // A bad peers file is a usage mistake: report it before anything is measured.
+    let peers = match &a.peers {
+        Some(p) => Some(read_peers(p)?),
+        None => None,
+    };
+    let device = match Device::cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            say(format!(
+                "kgen bench: no usable GPU ({e}).\nkgen bench times kernels on a GPU; \
+                 nothing was measured. (The compile-time benchmark runs without one: \
+                 `cargo bench --bench compile`.)"
+            ));
+            return Ok(());
+        }
+    };
+    let gpt2 = gpt2_param_shapes();
+    let gpt2_params = total_numel(&gpt2.iter().map(|(_, s)| s.clone()).collect::<Vec<_>>());
+    if gpt2.len() != 148 {
+        return Err(CliError::Msg(format!(
+            "internal: the GPT-2 list has {} tensors, not 148",
+            gpt2.len()
+        )));
+    }
+    let runs = if a.quick { 20 } else { 50 };
+    say(format!("# kgen bench on {}", device.describe()));
+    say(format!(
+        "# GPT-2 124M list: {} tensors, {gpt2_params} parameters ({:.1}M); median of {runs} \
+         runs per workload after warm-up, L2 flushed before each run, CUDA events",
+        gpt2.len(),
+        gpt2_params as f64 / 1e6
+    ));
+    let ops = Ops::new(&device);
+    let timer = Timer::new(&ops, runs, 3, FLUSH_BYTES).map_err(|e| CliError::Msg(e.to_string()))?;
+
+    let plan: Vec<_> = workloads()
+        .into_iter()
+        .filter(|w| selected(&w.name, a.filter.as_deref()))
+        .collect();
+    let mut rows: Vec<Row> = Vec::with_capacity(plan.len());
+    let mut copy_gbps = None;
+    for (i, w) in plan.iter().enumerate() {
+        let t = std::time::Instant::now();
+        let row = run_workload(&ops, &timer, w, 0x6b67_656e ^ i as u64);
+        if w.name == "copy_d2d_1GiB" {
+            copy_gbps = row.gbps();
+        }
+        progress(format!(
+            "[{}/{}] {:<38} {} ({:.1} s)",
+            i + 1,
+            plan.len(),
+            w.name,
+            match &row.result {
+                Ok(m) => format!(
+                    "{:.1} us, {:.0} GB/s",
+                    m.median_us,
+                    row.gbps().unwrap_or(0.0)
+                ),
+                Err(e) => format!("ERROR {e}"),
+            },
+            t.elapsed().as_secs_f64()
+        ));
+        rows.push(row);
+    }
+    if let Some(p) = &peers {
+        merge_peers(&mut rows, p);
+    }
+    let failed = rows.iter().filter(|r| r.result.is_err()).count();
+
+    let mut extras = serde_json::Map::new();
+    let mut extra_lines = Vec::new();
+    if !a.no_extras {
+        progress("launch cost ...");
+        match launch_cost(&ops, LAUNCHES) {
+            Ok(c) => {
+                extra_lines.push(format!(
+                    "launch cost, {} back-to-back launches of a 1-block kernel, no sync: \
+                     Device::launch {:.2} us/launch on the host ({:.2} us until the GPU \
+                     finished); Ops::relu_into {:.2} us/call ({:.2}); target <= {LAUNCH_TARGET_US} us: {}",
+                    c.launches,
+                    c.raw_host_us,
+                    c.raw_total_us,
+                    c.op_host_us,
+                    c.op_total_us,
+                    if c.raw_host_us <= LAUNCH_TARGET_US { "PASS" } else { "MISS" }
+                ));
+                extras.insert(
+                    "launch_cost".into(),
+                    json!({"launches": c.launches, "raw_host_us": c.raw_host_us,
+                           "raw_total_us": c.raw_total_us, "op_host_us": c.op_host_us,
+                           "op_total_us": c.op_total_us, "target_us": LAUNCH_TARGET_US}),
+                );
+            }
+            Err(e) => {
+                extra_lines.push(format!("launch cost: ERROR {e}"));
+                extras.insert("launch_cost".into(), json!({"error": e.to_string()}));
+            }
+        }
+        progress("first launch ...");
+        let dir = std::env::temp_dir().join(format!(
+            "kgen-bench-cache-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let first = std::fs::create_dir_all(&dir)
+            .map_err(|e| e.to_string())
+            .and_then(|_| first_launches(&dir, 0).map_err(|e| e.to_string()));
+        let _ = std::fs::remove_dir_all(&dir);
+        match first {
+            Ok(f) => {
+                let st = |s: &kgen::runtime::CacheStats| {
+                    format!("kgen compiles {}, disk hits {}", s.compiles, s.disk_hits)
+                };
+                extra_lines.push(format!(
+                    "first launch of {} in a fresh Device (lookup + launch + sync): empty \
+                     disk cache {:.1} ms [{}]; warm disk cache {:.1} ms [{}]; in-memory \
+                     hit {:.0} us; opening the device {:.0} ms / {:.0} ms (not included)",
+                    f.kernel,
+                    f.cold.first_ms,
+                    st(&f.cold.stats),
+                    f.warm_disk.first_ms,
+                    st(&f.warm_disk.stats),
+                    f.memory_hit_us,
+                    f.cold.open_ms,
+                    f.warm_disk.open_ms
+                ));
+                extras.insert(
+                    "first_launch".into(),
+                    json!({"kernel": f.kernel,
+                           "cold_ms": f.cold.first_ms, "cold_open_ms": f.cold.open_ms,
+                           "cold_compiles": f.cold.stats.compiles,
+                           "cold_disk_hits": f.cold.stats.disk_hits,
+                           "warm_disk_ms": f.warm_disk.first_ms,
+                           "warm_open_ms": f.warm_disk.open_ms,
+                           "warm_compiles": f.warm_disk.stats.compiles,
+                           "warm_disk_hits": f.warm_disk.stats.disk_hits,
+                           "memory_hit_us": f.memory_hit_us}),
+                );
+            }
+            Err(e) => {
+                extra_lines.push(format!("first launch: ERROR {e}"));
+                extras.insert("first_launch".into(), json!({"error": e}));
+            }
+        }
+        progress("compile times ...");
+        let arch = device.arch();
+        let ct = compile_times(arch, if a.quick { 5 } else { 20 });
+        let worst = ct
+            .iter()
+            .filter(|c| c.error.is_none())
+            .map(|c| c.median_ms)
+            .fold(0.0f64, f64::max);
+        extra_lines.push(format!(
+            "kgen compile (DSL -> PTX, {arch}, default parameters), per kernel: median ms [min] PTX lines"
+        ));
+        for c in &ct {
+            extra_lines.push(match &c.error {
+                None => format!(
+                    "  {:<32} {:>7.3} [{:.3}] {:>6}",
+                    format!("{}::{}", c.file, c.kernel),
+                    c.median_ms,
+                    c.min_ms,
+                    c.ptx_lines
+                ),
+                Some(e) => format!("  {}::{} ERROR {e}", c.file, c.kernel),
+            });
+        }
+        extra_lines.push(format!(
+            "  worst median {worst:.3} ms (target <= {COMPILE_TARGET_MS} ms on the 2-core dev machine; this host: {})",
+            if worst <= COMPILE_TARGET_MS { "PASS" } else { "MISS" }
+        ));
+        extras.insert(
+            "compile".into(),
+            json!({"arch": arch.to_string(), "target_ms": COMPILE_TARGET_MS,
+                   "kernels": ct.iter().map(|c| json!({"file": c.file, "kernel": c.kernel,
+                       "median_ms": if c.median_ms.is_finite() { Some(c.median_ms) } else { None },
+                       "min_ms": if c.min_ms.is_finite() { Some(c.min_ms) } else { None },
+                       "ptx_lines": c.ptx_lines, "error": c.error})).collect::<Vec<_>>()}),
+        );
+    }
+
+    let mut write_failed = false;
+    if let Some(path) = &a.csv {
+        if let Err(CliError::Msg(m)) = write_file(path, &to_csv(&rows, copy_gbps)) {
+            eprintln!("error: {m}");
+            write_failed = true;
+        }
+    }
+    if let Some(path) = &a.json {
+        let mut doc = json!({
+            "device": device.describe(),
+            "arch": device.arch().to_string(),
+            "quick": a.quick,
+            "runs": runs,
+            "method": "CUDA events around each op call, L2 flushed (256 MB memset) before \
+                       each run, median; floor-byte GB/s",
+            "gpt2": {"tensors": gpt2.len(), "params": gpt2_params},
+            "copy_gbps": copy_gbps,
+            "peers_file": a.peers.as_ref().map(|p| p.display().to_string()),
+            "rows": rows_json(&rows, copy_gbps),
+        });
+        if let Some(obj) = doc.as_object_mut() {
+            obj.extend(extras);
+        }
+        let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+        if let Err(CliError::Msg(m)) = write_file(path, &text) {
+            eprintln!("error: {m}");
+            write_failed = true;
+        }
+    }
+
+    for l in &extra_lines {
+        say(l);
+    }
+    if let Some(p) = &peers {
+        let known: Vec<&str> = rows.iter().map(|r| r.workload.as_str()).collect();
+        let other = p
+            .iter()
+            .filter(|r| !known.contains(&r.workload.as_str()))
+            .count();
+        if other > 0 {
+            say(format!(
+                "# {other} torch record(s) for workloads kgen bench does not run here \
+                 (GEMM, Newton-Schulz or filtered out): see the peers file"
+            ));
+        }
+    }
+    say(format!(
+        "# copy_d2d_1GiB (cuMemcpyDtoDAsync, read + write) measured {}: %copy divides by it; \
+         speedup = best torch median / kgen median",
+        copy_gbps.map_or("nothing".into(), |g| format!("{g:.0} GB/s"))
+    ));
+    say(format_table(&rows, copy_gbps).trim_end());
+    let missed = rows.iter().filter(|r| r.pass() == Some(false)).count();
+    let passed = rows.iter().filter(|r| r.pass() == Some(true)).count();
+    say(format!(
+        "# {passed} met their ANCHORS target, {missed} missed, {failed} failed"
+    ));
+    if failed > 0 || write_failed {
+        return Err(CliError::Exit(1));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Cli, Command};
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn parses_the_bench_command_line() {
+        let c = Cli::try_parse_from([
+            "kgen",
+            "bench",
+            "--filter",
+            "rmsnorm,adamw",
+            "--csv",
+            "k.csv",
+            "--json",
+            "k.json",
+            "--peers",
+            "p.json",
+            "--quick",
+        ])
+        .unwrap();
+        let Command::Bench(a) = c.command else {
+            panic!("not bench")
+        };
+        assert_eq!(a.filter.as_deref(), Some("rmsnorm,adamw"));
+        assert_eq!(a.csv, Some(PathBuf::from("k.csv")));
+        assert_eq!(a.json, Some(PathBuf::from("k.json")));
+        assert_eq!(a.peers, Some(PathBuf::from("p.json")));
+        assert!(a.quick && !a.no_extras);
+        let c = Cli::try_parse_from(["kgen", "bench"]).unwrap();
+        let Command::Bench(a) = c.command else {
+            panic!("not bench")
+        };
+        assert!(a.filter.is_none() && a.peers.is_none() && !a.quick);
+        assert!(Cli::try_parse_from(["kgen", "bench", "--peers"]).is_err());
+        assert!(Cli::try_parse_from(["kgen", "bench", "--runs", "3"]).is_err());
+    }
+
+    #[test]
+    fn a_bad_peers_file_is_a_message() {
+        let dir = std::env::temp_dir().join(format!("kgen-bench-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("peers.json");
+        std::fs::write(&p, "{\"not\": \"a list\"}").unwrap();
+        match read_peers(&p) {
+            Err(CliError::Msg(m)) => assert!(m.contains("expected a JSON list"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        match read_peers(&dir.join("missing.json")) {
+            Err(CliError::Msg(m)) => assert!(m.contains("cannot read"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,55 @@
+//! `kgen train`: the end-to-end training demo (`kgen::train`), on the GPU when there is
+//! one, otherwise on the interpreter (a smaller model), saying which.
+
+use super::common::{say, CliError, CliResult};
+use super::TrainArgs;
+use kgen::runtime::Device;
+use kgen::train::{train, TrainConfig};
+
+pub fn run(a: TrainArgs) -> CliResult {
+    let (device, fallback) = if a.no_gpu {
+        (Device::interpreter(), Some("--no-gpu".to_string()))
+    } else {
+        Device::best()
+    };
+    let mut cfg = if device.is_gpu() {
+        TrainConfig::gpu()
+    } else {
+        TrainConfig::small()
+    };
+    if let Some(s) = a.steps {
+        cfg.steps = s as usize;
+        cfg.log_every = (s as usize / 10).max(1);
+    }
+    match &fallback {
+        Some(why) => say(format_args!(
+            "{why}\nthe interpreter is exact but slow: training the small model"
+        )),
+        None => say(format_args!("device: {}", device.describe())),
+    }
+    say(format_args!(
+        "model: rmsnorm -> [{d} x 2*{f}] -> swiglu -> [{f} x {c}] -> cross-entropy (1 target in 8 ignored); \
+         batch {b}, AdamW lr {lr} (2 param groups, one fused launch per step), clip_grad_norm 1.0",
+        d = cfg.dim,
+        f = cfg.hidden,
+        c = cfg.classes,
+        b = cfg.batch,
+        lr = cfg.lr
+    ));
+    let report = train(&device, &cfg, |step, loss| {
+        say(format_args!("step {step:>5}  loss {loss:.4}"));
+    })
+    .map_err(|e| CliError::Msg(format!("training failed: {e}")))?;
+    let first = report.losses.first().map(|l| l.1).unwrap_or(f64::NAN);
+    let last = report.losses.last().map(|l| l.1).unwrap_or(f64::NAN);
+    say(format_args!(
+        "loss {first:.4} -> {last:.4}; accuracy on a fresh batch {:.1}% (chance {:.1}%); {:.2} s",
+        100.0 * report.accuracy,
+        100.0 / cfg.classes as f64,
+        report.seconds
+    ));
+    if last.partial_cmp(&first) != Some(std::cmp::Ordering::Less) {
+        return Err(CliError::Msg("the loss did not go down".into()));
+    }
+    Ok(())
+}
