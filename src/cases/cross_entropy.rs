@@ -104,8 +104,8 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         v.push(ce_loss_mean_case(seed, 122_000, 1024));
         let ce_full = [
             CeSpec::new(BF16, I64, 64, 50257, 4096),
-            CeSpec::new(F32, I32, 64, 50257, 8192),
-            CeSpec::new(BF16, I32, 8, 128_256, 8192),
+            CeSpec::new(F32, I32, 64, 50257, 2048),
+            CeSpec::new(BF16, I32, 8, 128_256, 2048),
             CeSpec::new(F16, I64, 4097, 7, 4096),
             CeSpec {
                 logit_scale: 30.0,

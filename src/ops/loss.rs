@@ -31,7 +31,7 @@ const SOFTMAX_ONE_TILE: usize = 8192;
 const SOFTMAX_MULTI_BLOCK: usize = 4096;
 /// (BLOCK, warps) candidates of the cross-entropy row kernel for long rows, the default
 /// first.
-const CE_CONFIGS: [(usize, u32); 4] = [(4096, 16), (8192, 16), (4096, 8), (2048, 8)];
+const CE_CONFIGS: [(usize, u32); 4] = [(4096, 16), (4096, 8), (2048, 8), (2048, 4)];
 /// BLOCK of the one-block `ce_count` and `ce_loss_mean` kernels.
 const REDUCE_BLOCK: usize = 1024;
 

@@ -181,7 +181,7 @@ impl Lowerer<'_> {
                 let t = self.f("mul.rn.f32", vec![x, Operand::F32(-LOG2_E)]);
                 let e = self.f("ex2.approx.f32", vec![t.into()]);
                 let d = self.f("add.rn.f32", vec![e.into(), Operand::F32(1.0)]);
-                self.f("rcp.rn.f32", vec![d.into()])
+                self.f("rcp.approx.ftz.f32", vec![d.into()])
             }
             UnaryOp::Sin => self.f("sin.approx.f32", vec![x]),
             UnaryOp::Cos => self.f("cos.approx.f32", vec![x]),
