@@ -167,6 +167,9 @@ impl Tensor {
 
     /// Row-major with no gaps.
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true; // no element: any strides describe it (torch agrees)
+        }
         let mut expect = 1usize;
         for d in (0..self.rank()).rev() {
             if self.shape[d] != 1 && self.strides[d] != expect {
@@ -543,6 +546,9 @@ impl Tensor {
 
     /// Sets every byte of the (contiguous) view to zero, on the device's stream.
     pub fn fill_zero(&self) -> Result<(), RuntimeError> {
+        if self.numel() == 0 {
+            return Ok(());
+        }
         if !self.is_contiguous() {
             return Err(RuntimeError::Transfer(
                 "fill_zero needs a contiguous tensor".into(),

@@ -309,3 +309,17 @@ fn strided_written_views_write_back_only_their_elements() {
         }
     }
 }
+
+#[test]
+fn zero_size_tensors_are_contiguous_and_round_trip() {
+    let d = Device::interpreter();
+    for shape in [&[0usize][..], &[4, 0], &[0, 7], &[3, 0, 5]] {
+        let t = d.from_f64(DType::F32, shape, &[]).unwrap();
+        assert_eq!(t.numel(), 0);
+        assert!(t.is_contiguous(), "{shape:?}");
+        t.fill_zero().unwrap();
+        assert!(t.to_f64_vec().unwrap().is_empty());
+        let z = d.zeros(DType::BF16, shape).unwrap();
+        assert!(z.to_f64_vec().unwrap().is_empty());
+    }
+}
