@@ -12,11 +12,12 @@ OUT=${OUT:-/tmp/kgen-gpu-check}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-"$BIN" selftest --gpu --full ${SELFTEST_ARGS:-} >"$OUT/selftest.log" 2>&1
+# Each step has a time limit (seconds; a device command may run 10 minutes in all).
+timeout "${SELFTEST_TIMEOUT:-150}" "$BIN" selftest --gpu --full ${SELFTEST_ARGS:-} >"$OUT/selftest.log" 2>&1
 selftest_rc=$?
-compute-sanitizer --tool memcheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/memcheck.log" 2>&1
+timeout "${MEMCHECK_TIMEOUT:-200}" compute-sanitizer --tool memcheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/memcheck.log" 2>&1
 memcheck_rc=$?
-compute-sanitizer --tool racecheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/racecheck.log" 2>&1
+timeout "${RACECHECK_TIMEOUT:-170}" compute-sanitizer --tool racecheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/racecheck.log" 2>&1
 racecheck_rc=$?
 
 echo "== selftest (full) =="
@@ -25,4 +26,5 @@ echo "== memcheck: rc=$memcheck_rc =="
 grep -E "ERROR SUMMARY|PASS|FAIL" "$OUT/memcheck.log" | tail -n 5
 echo "== racecheck: rc=$racecheck_rc =="
 grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard" "$OUT/racecheck.log" | tail -n 5
+echo "(rc 124: the step ran past its time limit)"
 echo "selftest_rc=$selftest_rc memcheck_rc=$memcheck_rc racecheck_rc=$racecheck_rc"

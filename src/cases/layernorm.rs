@@ -32,13 +32,76 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             v.push(case(seed, dt, r, c, b, 1e-5));
         }
     }
+    // `layernorm_rows` (ROWS rows per block, cols <= BLOCK): rows not multiples of ROWS,
+    // short and odd cols, BLOCK 32 (tiny rows) / 1000 (non-power-of-two) / 1024.
+    let quick_rows: &[(usize, usize, DType, usize, usize)] = &[
+        (1, 1, DType::BF16, 4, 1024),
+        (1, 7, DType::F32, 2, 32),
+        (7, 7, DType::BF16, 4, 32),
+        (7, 768, DType::F16, 8, 1024),
+        (7, 1000, DType::F32, 2, 1024),
+        (7, 1000, DType::BF16, 4, 1000),
+        (3, 768, DType::BF16, 1, 1024),
+        (1000, 7, DType::F16, 8, 32),
+    ];
+    for &(r, c, dt, rpb, b) in quick_rows {
+        v.push(rows_case(seed, dt, r, c, rpb, b, 1e-5));
+    }
+    if sizes == SizeSet::Full {
+        let full_rows: &[(usize, usize, DType, usize, usize)] = &[
+            (1000, 768, DType::BF16, 4, 1024),
+            (1000, 1000, DType::F16, 8, 1024),
+            (1000, 1, DType::F32, 4, 1024),
+            (4097, 768, DType::BF16, 4, 1024),
+            (4097, 1000, DType::F32, 2, 1024),
+            (4097, 768, DType::F16, 8, 1024),
+            (4097, 7, DType::BF16, 8, 32),
+            (4097, 1, DType::F16, 2, 32),
+        ];
+        for &(r, c, dt, rpb, b) in full_rows {
+            v.push(rows_case(seed, dt, r, c, rpb, b, 1e-5));
+        }
+    }
     v
 }
 
 /// One `layernorm` case. Inputs have a mean of about 4 (so centering matters) and a
 /// spread of about 1.
 pub fn case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize, eps: f64) -> Case {
-    let label = format!("layernorm T={dtype} BLOCK={block} rows={rows} cols={cols}");
+    build(seed, dtype, rows, cols, None, block, eps)
+}
+
+/// One `layernorm_rows` case: `rows_per_block` rows per block (the kernel's ROWS), grid
+/// cdiv(rows, ROWS); needs cols <= block.
+pub fn rows_case(
+    seed: u64,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    rows_per_block: usize,
+    block: usize,
+    eps: f64,
+) -> Case {
+    assert!(cols <= block, "layernorm_rows needs cols <= BLOCK");
+    build(seed, dtype, rows, cols, Some(rows_per_block), block, eps)
+}
+
+/// `layernorm` (`rows_per_block` None) or `layernorm_rows` (Some(ROWS)).
+fn build(
+    seed: u64,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    rows_per_block: Option<usize>,
+    block: usize,
+    eps: f64,
+) -> Case {
+    let label = match rows_per_block {
+        None => format!("layernorm T={dtype} BLOCK={block} rows={rows} cols={cols}"),
+        Some(rpb) => {
+            format!("layernorm_rows T={dtype} ROWS={rpb} BLOCK={block} rows={rows} cols={cols}")
+        }
+    };
     let mut rng = Rng::for_case(seed, &label);
     let x = random_tensor(&mut rng, dtype, &[rows, cols], |r| 4.0 + r.normalish());
     let w = random_tensor(&mut rng, dtype, &[cols], |r| r.signed_magnitude(0.5, 1.5));
@@ -54,11 +117,18 @@ pub fn case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize, eps
     ];
     Case {
         kernel: "layernorm",
-        kernel_name: None,
+        kernel_name: rows_per_block.map(|_| "layernorm_rows"),
         label,
-        defines: defines(&[("T", dtype.to_string()), ("BLOCK", block.to_string())]),
+        defines: match rows_per_block {
+            None => defines(&[("T", dtype.to_string()), ("BLOCK", block.to_string())]),
+            Some(rpb) => defines(&[
+                ("T", dtype.to_string()),
+                ("ROWS", rpb.to_string()),
+                ("BLOCK", block.to_string()),
+            ]),
+        },
         tensor_align: aligns(PARAMS, &args),
-        grid: [rows as u32, 1, 1],
+        grid: [rows.div_ceil(rows_per_block.unwrap_or(1)) as u32, 1, 1],
         args,
         outputs: vec![3, 4, 5],
         reference: Box::new(move |args| {
