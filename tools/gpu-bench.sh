@@ -71,7 +71,9 @@ with open(os.path.join(out, "peers.json"), "w", encoding="utf-8") as f:
 print(f"gpu-bench: {len(records)} torch records in {out}/peers.json")
 PY
 
-timeout "${KGEN_TIMEOUT:-150}" "$BIN" bench "${quick[@]}" "${kgen_filter[@]}" \
+# CUDA_CACHE_DISABLE=1: the driver's own PTX JIT cache (~/.nv/ComputeCache) would
+# otherwise answer a "cold" first launch for PTX an earlier run already compiled.
+CUDA_CACHE_DISABLE=1 timeout "${KGEN_TIMEOUT:-150}" "$BIN" bench "${quick[@]}" "${kgen_filter[@]}" \
     --peers "$OUT/peers.json" --json "$OUT/kgen.json" --csv "$OUT/kgen.csv" \
     >"$OUT/kgen.log" 2>"$OUT/kgen.err"
 kgen_rc=$?

@@ -448,3 +448,85 @@ fn run_interpreted(
     }
     Ok(())
 }
+
+/// A launch checked and packed once, replayed with a bare `cuLaunchKernel` (no checks,
+/// no packing): the driver's floor that `kgen bench` compares [`Device::launch`] with,
+/// and a way to replay an identical launch in a hot loop. GPU kernels only.
+pub struct PackedLaunch {
+    func: sys::CUfunction,
+    stream: sys::CUstream,
+    grid: [u32; 3],
+    threads: u32,
+    smem: u32,
+    values: Vec<u64>,
+    ptrs: Vec<*mut std::ffi::c_void>,
+    /// Keeps the module (and so `func`) loaded.
+    _kernel: std::sync::Arc<Kernel>,
+}
+
+impl PackedLaunch {
+    /// Checks `args` like [`Device::launch`] and packs them.
+    pub fn new(
+        device: &Device,
+        stream: &Stream,
+        k: &std::sync::Arc<Kernel>,
+        grid: [u32; 3],
+        args: &[Arg],
+    ) -> Result<PackedLaunch, RuntimeError> {
+        if !stream.device.same(device) {
+            return Err(RuntimeError::WrongDevice(
+                "the stream belongs to another device".into(),
+            ));
+        }
+        check_args(device, k, args)?;
+        crate::gpu::check_grid(grid)?;
+        let Exec::Cuda(loaded) = &k.exec else {
+            return Err(RuntimeError::LaunchConfig(
+                "a packed launch needs a GPU kernel".into(),
+            ));
+        };
+        let mut values = vec![0u64; k.compiled.abi.params.len()];
+        pack_into(k, args, &mut values)?;
+        let mut p = PackedLaunch {
+            func: loaded.func.cu_function(),
+            stream: stream.raw(),
+            grid,
+            threads: k.compiled.launch.threads_per_block,
+            smem: k.compiled.launch.dynamic_shared_bytes,
+            values,
+            ptrs: Vec::new(),
+            _kernel: k.clone(),
+        };
+        p.ptrs = p
+            .values
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+            .collect();
+        Ok(p)
+    }
+
+    /// One bare `cuLaunchKernel`.
+    ///
+    /// # Safety
+    /// The tensors given to [`PackedLaunch::new`] must still be alive (their memory is
+    /// not tracked here) and the stream not destroyed.
+    pub unsafe fn launch(&mut self) -> Result<(), RuntimeError> {
+        unsafe {
+            sys::cuLaunchKernel(
+                self.func,
+                self.grid[0],
+                self.grid[1],
+                self.grid[2],
+                self.threads,
+                1,
+                1,
+                self.smem,
+                self.stream,
+                self.ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()
+        }
+        .op("cuLaunchKernel")
+    }
+}

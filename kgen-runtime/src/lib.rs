@@ -48,8 +48,12 @@ pub use disk_cache::{CacheKey, DiskCache, Lookup};
 pub use error::{ArgError, RuntimeError};
 pub use gpu::{check_grid, driver_present, DeviceInfo, Gpu, LoadedKernel, RunStats};
 pub use kernel::{source_hash, spec_key, CacheStats, Kernel, COMPILER_VERSION};
-pub use launch::{alignments, check_args, grid_1d, grid_2d, grid_x, tensor_alignment, Arg};
+pub use launch::{
+    alignments, check_args, grid_1d, grid_2d, grid_x, tensor_alignment, Arg, PackedLaunch,
+};
 pub use tensor::{Element, Tensor};
+/// The largest upload `Stream::upload_async` takes (bytes).
+pub use upload::SLOT_BYTES as UPLOAD_ASYNC_MAX_BYTES;
 pub use validate::{
     check_tensor_view, natural_alignment, pack_params, pow2_align, scalar_param_bits,
     source_param_name, validate_args, DEVICE_ALLOC_ALIGN, MAX_INDEX,

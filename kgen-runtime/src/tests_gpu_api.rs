@@ -482,3 +482,40 @@ fn gpu_disk_cache_hits_and_rebuilds_corrupt_entries() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn gpu_packed_launch_matches_checked_launch_and_refuses_bad_args() {
+    let Some(d) = gpu_or_skip("gpu_packed_launch_matches_checked_launch_and_refuses_bad_args")
+    else {
+        return;
+    };
+    let n = 4097;
+    let x = d.from_f64(DType::F32, &[n], &vals(n, 21)).unwrap();
+    let y = d.from_f64(DType::F32, &[n], &vals(n, 22)).unwrap();
+    let out = d.from_f64(DType::F32, &[n], &vec![f64::NAN; n]).unwrap();
+    let k = axpy_kernel(&d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
+    let s = d.stream();
+    let grid = grid_1d(n, 256).unwrap();
+    let args = [Arg::from(0.5f32), (&x).into(), (&y).into(), (&out).into()];
+    let mut p = PackedLaunch::new(&d, &s, &k, grid, &args).unwrap();
+    // SAFETY: x, y, out and the stream outlive the launch (synchronized below).
+    unsafe { p.launch() }.unwrap();
+    s.synchronize().unwrap();
+    let (xs, ys, got) = (
+        x.to_f64_vec().unwrap(),
+        y.to_f64_vec().unwrap(),
+        out.to_f64_vec().unwrap(),
+    );
+    for i in 0..n {
+        let want = 0.5 * xs[i] + ys[i];
+        assert!(
+            (got[i] - want).abs() <= 1e-6 * want.abs().max(1.0),
+            "{i}: {} vs {want}",
+            got[i]
+        );
+    }
+    // The same checks as Device::launch: a wrong dtype is refused before packing.
+    let xh = d.from_f64(DType::F16, &[n], &vals(n, 21)).unwrap();
+    let bad = [Arg::from(0.5f32), (&xh).into(), (&y).into(), (&out).into()];
+    assert!(PackedLaunch::new(&d, &s, &k, grid, &bad).is_err());
+}

@@ -212,18 +212,19 @@ pub fn check_tensor_view(
     // For a tensor not declared `contiguous`, the last dimension is not checked either.
     let required = align_bytes.max(1);
     let elem = dtype.size_bytes() as u64;
-    let check = |what: String, bytes: u64| -> Result<(), ArgError> {
+    // `what` is formatted only on failure: this runs on every launch.
+    let check = |what: &dyn Fn() -> String, bytes: u64| -> Result<(), ArgError> {
         if bytes % required as u64 != 0 {
             return Err(ArgError::Misaligned {
                 param: param(),
                 required,
                 actual: pow2_align(bytes),
-                what,
+                what: what(),
             });
         }
         Ok(())
     };
-    check("the base address".to_string(), base_addr)?;
+    check(&|| "the base address".to_string(), base_addr)?;
     for d in 0..rank {
         // The last dimension's stride is either 1 by declaration (`contiguous`) or a
         // runtime value no access can vectorize over; it is never part of the alignment.
@@ -234,17 +235,19 @@ pub fn check_tensor_view(
             continue;
         }
         check(
-            format!("the stride of dimension {d} ({} elements)", strides[d]),
+            &|| format!("the stride of dimension {d} ({} elements)", strides[d]),
             strides[d] as u64 * elem,
         )?;
     }
     if contiguous && rank > 0 {
         check(
-            format!(
-                "the extent of the contiguous dimension {} ({} elements)",
-                rank - 1,
-                shape[rank - 1]
-            ),
+            &|| {
+                format!(
+                    "the extent of the contiguous dimension {} ({} elements)",
+                    rank - 1,
+                    shape[rank - 1]
+                )
+            },
             shape[rank - 1] as u64 * elem,
         )?;
     }

@@ -510,23 +510,30 @@ impl Timer {
     }
 }
 
-/// Host cost of back-to-back launches without a sync.
+/// Host cost of one launch, measured while the GPU is busy (so the launch queue never
+/// makes the host wait for the GPU; timing launches of a tiny kernel back to back
+/// measures the GPU's per-kernel time instead once the queue fills up).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaunchCost {
+    /// Launches per timed round.
     pub launches: usize,
-    /// `Device::launch` of a loaded kernel with prebuilt arguments: host µs per launch.
-    pub raw_host_us: f64,
-    /// The same, until the GPU finished them all (µs per launch).
-    pub raw_total_us: f64,
-    /// `Ops::relu_into` (shape checks, kernel-map lookup, launch): host µs per call.
-    pub op_host_us: f64,
-    pub op_total_us: f64,
+    /// Timed rounds (the median is reported).
+    pub rounds: usize,
+    /// `Device::launch` of a loaded kernel (ABI checks, packing, `cuLaunchKernel`):
+    /// host µs per launch.
+    pub launch_us: f64,
+    /// A bare `cuLaunchKernel` of the same kernel with parameters packed once
+    /// ([`kgen_runtime::PackedLaunch`]): the driver's floor. None on the interpreter.
+    pub bare_us: Option<f64>,
+    /// `Ops::relu_into` (shape checks, kernel-map lookup, `Device::launch`): host µs.
+    pub op_us: f64,
 }
 
-/// `launches` back-to-back launches of a one-block kernel (relu over 1024 f32), timed
-/// on the host. A launch queue that fills up makes the host wait for the GPU, so the
-/// host figure is an upper bound of the launch cost.
-pub fn launch_cost(ops: &Ops, launches: usize) -> Result<LaunchCost, OpError> {
+/// [`LaunchCost`] of a one-block kernel (relu over 1024 f32): `rounds` rounds of
+/// `launches` launches each, every round queued behind about 5 ms of GPU work (30 relu
+/// launches over 64 Mi f32) so that the GPU never catches up with the host; the three
+/// kinds of launch are interleaved round by round; medians over rounds.
+pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCost, OpError> {
     let dev = ops.device();
     let x = filled(dev, DType::F32, &[1024], normal(1.0), 11)?;
     let y = dev.empty(DType::F32, &[1024])?;
@@ -539,29 +546,65 @@ pub fn launch_cost(ops: &Ops, launches: usize) -> Result<LaunchCost, OpError> {
     )?;
     let args = [Arg::from(&x), Arg::from(&y)];
     let grid = grid_x(1)?;
-    let measure = |f: &mut dyn FnMut() -> Result<(), OpError>| -> Result<(f64, f64), OpError> {
-        for _ in 0..100 {
-            f()?;
+    // The GPU-side filler (GPU only: the interpreter runs launches synchronously).
+    let big = if dev.is_gpu() { 64 << 20 } else { 0 };
+    let bx = dev.zeros(DType::F32, &[big.max(1)])?;
+    let by = dev.empty(DType::F32, &[big.max(1)])?;
+    let busy = || -> Result<(), OpError> {
+        if big > 0 {
+            for _ in 0..30 {
+                ops.relu_into(&bx, &by)?;
+            }
         }
+        Ok(())
+    };
+    let mut packed = if dev.is_gpu() {
+        Some(kgen_runtime::PackedLaunch::new(
+            dev,
+            ops.stream(),
+            &k,
+            grid,
+            &args,
+        )?)
+    } else {
+        None
+    };
+    let round = |f: &mut dyn FnMut() -> Result<(), OpError>| -> Result<f64, OpError> {
         dev.synchronize()?;
+        busy()?;
         let t = Instant::now();
         for _ in 0..launches {
             f()?;
         }
-        let host = t.elapsed().as_secs_f64();
+        let us = t.elapsed().as_secs_f64() * 1e6 / launches.max(1) as f64;
         dev.synchronize()?;
-        let total = t.elapsed().as_secs_f64();
-        let n = launches.max(1) as f64;
-        Ok((host * 1e6 / n, total * 1e6 / n))
+        Ok(us)
     };
-    let (raw_host_us, raw_total_us) = measure(&mut || ops.launch(&k, grid, &args))?;
-    let (op_host_us, op_total_us) = measure(&mut || ops.relu_into(&x, &y))?;
+    // Warm-up (kernel lookups, first launches).
+    for _ in 0..10 {
+        ops.launch(&k, grid, &args)?;
+        ops.relu_into(&x, &y)?;
+    }
+    let (mut ours, mut bare, mut op) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        ours.push(round(&mut || ops.launch(&k, grid, &args))?);
+        if let Some(p) = packed.as_mut() {
+            // SAFETY: x and y outlive `packed` (both live until the end of this function)
+            // and the stream is the ops' own.
+            bare.push(round(&mut || Ok(unsafe { p.launch() }?))?);
+        }
+        op.push(round(&mut || ops.relu_into(&x, &y))?);
+    }
+    let median = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     Ok(LaunchCost {
         launches,
-        raw_host_us,
-        raw_total_us,
-        op_host_us,
-        op_total_us,
+        rounds: rounds.max(1),
+        launch_us: median(ours),
+        bare_us: (!bare.is_empty()).then(|| median(bare)),
+        op_us: median(op),
     })
 }
 
@@ -586,6 +629,74 @@ pub struct FirstLaunches {
     pub warm_disk: FirstLaunch,
     /// A second lookup on the warm device (in-memory hit) plus a launch: µs.
     pub memory_hit_us: f64,
+    /// Where a cold first launch goes, piece by piece.
+    pub breakdown: JitBreakdown,
+}
+
+/// The pieces of a cold kernel build, each timed alone on a fresh device (ms).
+#[derive(Clone, Debug, PartialEq)]
+pub struct JitBreakdown {
+    /// kgen: source -> PTX.
+    pub kgen_compile_ms: f64,
+    /// The driver JIT through the linker (`cuLinkComplete`: PTX -> cubin, what the disk
+    /// cache stores).
+    pub link_to_cubin_ms: f64,
+    /// `cuModuleLoadData` of that cubin (a disk-cache hit's cost).
+    pub load_cubin_ms: f64,
+    /// `cuModuleLoadData` of the PTX (the driver JIT without the linker).
+    pub load_ptx_ms: f64,
+}
+
+/// [`JitBreakdown`] of the first-launch kernel.
+fn jit_breakdown(ordinal: usize) -> Result<JitBreakdown, OpError> {
+    let file = kgen_core::SourceFile::new(
+        "kernels-src/rmsnorm.kg",
+        crate::bundled::source("rmsnorm").unwrap_or_default(),
+    );
+    let dev = Device::cuda_with_disk_cache(ordinal, None)?;
+    let opts = kgen_core::CompileOptions::new(dev.arch())
+        .kernel("rmsnorm")
+        .define("T", "bf16")
+        .define("BLOCK", "4096");
+    let t = Instant::now();
+    let compiled = kgen_core::compile(&file, &opts)
+        .map_err(|d| OpError::Runtime(kgen_runtime::RuntimeError::Compile(d.render(&file))))?;
+    let kgen_compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    fn gpu(d: &Device) -> Result<&kgen_runtime::Gpu, OpError> {
+        d.gpu().ok_or_else(|| {
+            OpError::Runtime(kgen_runtime::RuntimeError::LaunchConfig("not a GPU".into()))
+        })
+    }
+    // A fresh comment per JIT so that the driver's own PTX cache (~/.nv/ComputeCache,
+    // off with CUDA_CACHE_DISABLE=1) cannot answer instead of the JIT.
+    let nonce = |what: &str| {
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        format!("\n// kgen bench {what} {ns} {}\n", std::process::id())
+    };
+    let mut compiled = compiled;
+    let ptx = compiled.ptx.clone();
+    compiled.ptx = format!("{ptx}{}", nonce("link"));
+    let t = Instant::now();
+    let cubin = gpu(&dev)?.jit_to_cubin(&compiled.ptx)?;
+    let link_to_cubin_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    gpu(&dev)?.load_cubin(&compiled, cubin)?;
+    let load_cubin_ms = t.elapsed().as_secs_f64() * 1e3;
+    // A fresh device: its module map does not hold the module just loaded.
+    let dev2 = Device::cuda_with_disk_cache(ordinal, None)?;
+    compiled.ptx = format!("{ptx}{}", nonce("load"));
+    let t = Instant::now();
+    gpu(&dev2)?.load(&compiled)?;
+    let load_ptx_ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(JitBreakdown {
+        kgen_compile_ms,
+        link_to_cubin_ms,
+        load_cubin_ms,
+        load_ptx_ms,
+    })
 }
 
 fn one_first_launch(dir: &Path, ordinal: usize) -> Result<(FirstLaunch, Device), OpError> {
@@ -673,6 +784,7 @@ pub fn first_launches(dir: &Path, ordinal: usize) -> Result<FirstLaunches, OpErr
         cold,
         warm_disk,
         memory_hit_us,
+        breakdown: jit_breakdown(ordinal)?,
     })
 }
 

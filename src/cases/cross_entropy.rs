@@ -70,6 +70,15 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         CeSpec::new(F32, I64, 1000, 7, 4096),
         CeSpec::new(F32, I32, 5, 4097, 1000),
         CeSpec {
+            grid: Some(4),
+            ..CeSpec::new(BF16, I32, 33, 1000, 1024)
+        },
+        CeSpec {
+            grid: Some(2),
+            in_place: true,
+            ..CeSpec::new(F16, I64, 7, 4097, 1024)
+        },
+        CeSpec {
             logit_scale: 15.0,
             ..CeSpec::new(F32, I64, 9, 1000, 128)
         },
@@ -103,6 +112,15 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         v.push(ce_count_case(seed, I64, 122_000, 1024, IGNORE_INDEX));
         v.push(ce_loss_mean_case(seed, 122_000, 1024));
         let ce_full = [
+            CeSpec {
+                grid: Some(7),
+                ..CeSpec::new(BF16, I64, 64, 50257, 4096)
+            },
+            CeSpec {
+                grid: Some(33),
+                in_place: true,
+                ..CeSpec::new(F32, I32, 1000, 1000, 1024)
+            },
             CeSpec::new(BF16, I64, 64, 50257, 4096),
             CeSpec::new(F32, I32, 64, 50257, 2048),
             CeSpec::new(BF16, I32, 8, 128_256, 2048),
@@ -372,6 +390,8 @@ pub struct CeSpec {
     /// Draw random targets from `0..V` rather than `1..V` (edge cases only: the shared
     /// table forbids zero inputs).
     pub target_zero: bool,
+    /// Blocks of the grid-stride row loop (None: one block per row).
+    pub grid: Option<usize>,
 }
 
 impl CeSpec {
@@ -386,12 +406,13 @@ impl CeSpec {
             logit_scale: 2.0,
             in_place: false,
             target_zero: false,
+            grid: None,
         }
     }
 
     fn label(&self, what: &str) -> String {
         format!(
-            "{} T={} I={} BLOCK={} rows={} V={} ignore={} scale={}{}",
+            "{} T={} I={} BLOCK={} rows={} V={} ignore={} scale={}{}{}",
             if self.in_place {
                 "cross_entropy_inplace"
             } else {
@@ -404,6 +425,7 @@ impl CeSpec {
             self.vocab,
             self.ignore_index,
             self.logit_scale,
+            self.grid.map(|g| format!(" grid={g}")).unwrap_or_default(),
             what
         )
     }
@@ -496,7 +518,7 @@ impl CeSpec {
                 ("BLOCK", self.block.to_string()),
             ]),
             tensor_align: aligns(names, &args),
-            grid: [rows as u32, 1, 1],
+            grid: [self.grid.unwrap_or(rows) as u32, 1, 1],
             args,
             outputs,
             reference: Box::new(move |args| {

@@ -74,23 +74,33 @@ fn warp_candidates(elems: usize) -> Vec<u32> {
     v
 }
 
-/// (BLOCK, warps) candidates of the cross-entropy row kernel for a row of `vocab`.
-fn ce_configs(vocab: usize) -> Vec<(usize, u32)> {
+/// (BLOCK, warps, G) candidates of the cross-entropy row kernel for `rows` rows of
+/// `vocab` logits, the default first; G (the grid of the kernel's grid-stride row loop)
+/// is `rows`, a block per row. Persistent grids that bound the rows in flight so that
+/// pass 2's re-reads stay in L2 were measured slower on an H100 (bf16 8192 x 50257:
+/// G = rows 832-887 us, G = 166 1124 us, G = 132 1035 us; 4096 x 128256: G = rows
+/// 1087 us, G = 66 2185 us): fewer rows in flight starve the memory system more than
+/// the L2 misses cost. `kgen bench` keeps such numbers in docs/PERFORMANCE.md.
+fn ce_configs(rows: usize, vocab: usize) -> Vec<CeConfig> {
     let p = vocab.next_power_of_two().max(32);
+    let g = rows.max(1);
     if p <= 2048 {
-        return warp_candidates(p).into_iter().map(|w| (p, w)).collect();
+        return warp_candidates(p).into_iter().map(|w| (p, w, g)).collect();
     }
     CE_CONFIGS
         .iter()
-        .copied()
-        .filter(|&(b, _)| b <= p.max(4096))
+        .filter(|&&(b, _)| b <= p.max(4096))
+        .map(|&(b, w)| (b, w, g))
         .collect()
 }
 
-fn config_labels(configs: &[(usize, u32)]) -> Vec<String> {
+/// (BLOCK, warps, G) of one cross-entropy row-kernel launch.
+type CeConfig = (usize, u32, usize);
+
+fn config_labels(configs: &[CeConfig]) -> Vec<String> {
     configs
         .iter()
-        .map(|(b, w)| format!("BLOCK={b},warps={w}"))
+        .map(|(b, w, g)| format!("BLOCK={b},warps={w},G={g}"))
         .collect()
 }
 
@@ -373,12 +383,11 @@ impl Ops {
 
         // 2. Per-row loss and gradient.
         if rows > 0 {
-            let configs = ce_configs(vocab);
+            let configs = ce_configs(rows, vocab);
             let labels = config_labels(&configs);
             let shape_key = format!("T={t},I={idx},rows={rows},V={vocab}");
-            let grid = grid_x(rows)?;
             let row_kernel = |i: usize| {
-                let (block, warps) = configs[i];
+                let (block, warps, _) = configs[i];
                 let defines = [
                     ("T", t.to_string()),
                     ("I", idx.to_string()),
@@ -423,6 +432,7 @@ impl Ops {
                         ignore,
                     ];
                     self.launch_tuned("cross_entropy", &shape_key, &labels, |i, timed| {
+                        let grid = grid_x(configs[i].2)?;
                         self.launch_maybe_timed(&*row_kernel(i)?, grid, &args, timed)
                     })?;
                 }
@@ -442,7 +452,7 @@ impl Ops {
                         Arg::from(row_loss),
                         ignore,
                     ];
-                    self.launch(&*row_kernel(i)?, grid, &args)?;
+                    self.launch(&*row_kernel(i)?, grid_x(configs[i].2)?, &args)?;
                 }
             }
         }
@@ -632,16 +642,20 @@ mod tests {
     #[test]
     fn configs_cover_the_row() {
         for v in [1usize, 7, 1000, 2048, 4097, 50257, 128256] {
-            let c = ce_configs(v);
-            assert!(!c.is_empty(), "V={v}");
-            assert!(
-                c.iter().all(|&(b, w)| b >= 32 && (1..=16).contains(&w)),
-                "V={v}: {c:?}"
-            );
+            for rows in [1usize, 7, 8192] {
+                let c = ce_configs(rows, v);
+                assert!(!c.is_empty(), "V={v}");
+                assert!(
+                    c.iter().all(|&(b, w, g)| b >= 32
+                        && (1..=16).contains(&w)
+                        && (1..=rows).contains(&g)),
+                    "V={v}: {c:?}"
+                );
+            }
         }
-        assert_eq!(ce_configs(7)[0].0, 32);
-        assert_eq!(ce_configs(1000)[0].0, 1024);
-        assert_eq!(ce_configs(50257)[0], (4096, 16));
+        assert_eq!(ce_configs(3, 7)[0], (32, 1, 3));
+        assert_eq!(ce_configs(3, 1000)[0].0, 1024);
+        assert_eq!(ce_configs(8192, 50257)[0], (4096, 16, 8192));
         assert_eq!(softmax_block(4097), 8192);
         assert_eq!(softmax_block(8193), 4096);
     }

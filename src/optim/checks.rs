@@ -62,6 +62,9 @@ pub(crate) struct AdamWCheck {
     pub steps: u64,
     pub seed: u64,
     pub launch: AdamWLaunch,
+    /// (step, factor): before that step every group's lr is multiplied by the factor
+    /// through `AdamW::set_lr` (a scheduler), in the reference too.
+    pub lr_change: Option<(u64, f64)>,
 }
 
 /// Per-step relative rounding of a dtype (half an ulp at the bottom of a binade).
@@ -116,9 +119,18 @@ pub(crate) fn check_adamw(device: &Device, c: &AdamWCheck) -> Result<f64, String
             refs.push((gi, j, h.to_f64_vec(), vec![0.0; n], vec![0.0; n]));
         }
     }
+    let mut groups = c.groups.clone();
     for t in 1..=c.steps {
+        if let Some((at, factor)) = c.lr_change {
+            if t == at {
+                for (gi, g) in groups.iter_mut().enumerate() {
+                    g.lr *= factor;
+                    opt.set_lr(gi, g.lr).map_err(e)?;
+                }
+            }
+        }
         for (gi, j, p, m, v) in refs.iter_mut() {
-            let g = &c.groups[*gi];
+            let g = &groups[*gi];
             let n = p.len();
             let raw: Vec<f64> = (0..n).map(|_| rng.signed_magnitude(1e-3, 1e-1)).collect();
             let h = HostTensor::from_f64(c.param, &g.shapes[*j], &raw);
@@ -328,12 +340,32 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
                 grid,
                 ..AdamWLaunch::default()
             },
+            lr_change: None,
         };
         out.push((
             format!("optim AdamW T={t} S={s} grid={grid:?} 2 groups x 5 steps (1 launch/step)"),
             check_adamw(device, &c),
         ));
     }
+    // Past two refills of the hyperparameter table, with an lr change between refills.
+    let steps = 2 * super::HP_STEPS_MAX as u64 + 40;
+    let at = super::HP_STEPS_MAX as u64 + 17;
+    let c = AdamWCheck {
+        param: DType::F32,
+        state: DType::F32,
+        groups: vec![ParamGroup {
+            shapes: vec![vec![4097], vec![7]],
+            ..ParamGroup::new(1e-3)
+        }],
+        steps,
+        seed: 43,
+        launch: AdamWLaunch::default(),
+        lr_change: Some((at, 0.25)),
+    };
+    out.push((
+        format!("optim AdamW T=f32 1 group x {steps} steps, lr x0.25 at step {at}"),
+        check_adamw(device, &c),
+    ));
     let l = GradStatsLaunch::default();
     for &(dt, n, scale, ref inject, max_norm, what) in &[
         (DType::F32, 1_000_003, 1e-2, vec![], 1.0f32, "clipped"),

@@ -16,10 +16,13 @@
 //! and weight decay of a zero parameter is zero.
 //!
 //! # A step
-//! [`AdamW::step`] computes one row of hyperparameters per group on the host in f64
+//! [`AdamW::step`] uses one row of hyperparameters per group computed on the host in f64
 //! (`1 - lr*wd`, the betas and `1 - beta`s, eps, `step_size = lr / (1 - beta1^t)`,
-//! `1 / sqrt(1 - beta2^t)`; [`ParamGroup::hyper_row`]), uploads the `[groups, 8]` f32 table with a pinned asynchronous copy on
-//! the ops' stream, and launches `adamw_multi` once. A debug counter
+//! `1 / sqrt(1 - beta2^t)`; [`ParamGroup::hyper_row`]) and launches `adamw_multi` once
+//! with a `[groups, 8]` view of a device table that holds the rows of up to
+//! [`HP_STEPS_MAX`] consecutive steps. The table is refilled (one pinned asynchronous
+//! copy on the ops' stream) every that many steps and after `set_lr` or
+//! `set_step_count`, so most steps are the kernel launch alone. A debug counter
 //! ([`AdamW::step_launches`]) counts the launches so tests can check the "one launch".
 //!
 //! # Differences from `torch.optim.AdamW` (amsgrad=False, the default)
@@ -62,6 +65,8 @@ pub use reference::{torch_adamw_step, TorchHyper};
 pub const GROUP_ALIGN: usize = 4096;
 /// Columns of the per-group hyperparameter table (see `kernels-src/optim.kg`).
 pub const HP_COLS: usize = 8;
+/// At most this many steps' hyperparameter rows are uploaded at once.
+pub const HP_STEPS_MAX: usize = 128;
 /// The most param groups (the table is uploaded through the runtime's pinned ring, whose
 /// slots hold 16 KiB: 512 rows of 8 f32).
 pub const MAX_GROUPS: usize = 512;
@@ -266,7 +271,12 @@ pub struct AdamW {
     v: Tensor,
     /// (param view, grad view) per group and parameter.
     views: Vec<Vec<(Tensor, Tensor)>>,
+    /// `[hp_steps * groups, HP_COLS]`: the hyperparameter rows of `hp_steps` consecutive
+    /// steps, uploaded together (one small copy every `hp_steps` steps, not one per step).
     hp: Tensor,
+    hp_steps: usize,
+    /// The first step whose rows `hp` holds; None: `hp` is stale (new lr, step count).
+    hp_first_step: Option<u64>,
     block_group: Tensor,
     launch: AdamWLaunch,
     kernel: Option<Arc<Kernel>>,
@@ -361,7 +371,9 @@ impl AdamW {
             }
             views.push(row);
         }
-        let hp = device.zeros(DType::F32, &[groups.len(), HP_COLS])?;
+        let row_bytes = groups.len() * HP_COLS * 4;
+        let hp_steps = (kgen_runtime::UPLOAD_ASYNC_MAX_BYTES / row_bytes).clamp(1, HP_STEPS_MAX);
+        let hp = device.zeros(DType::F32, &[hp_steps * groups.len(), HP_COLS])?;
         let block_group = upload_block_groups(&device, &layout, launch.block)?;
         Ok(AdamW {
             device,
@@ -375,6 +387,8 @@ impl AdamW {
             v,
             views,
             hp,
+            hp_steps,
+            hp_first_step: None,
             block_group,
             launch,
             kernel: None,
@@ -444,6 +458,7 @@ impl AdamW {
     /// Sets the step counter (resuming from a checkpoint).
     pub fn set_step_count(&mut self, step: u64) {
         self.step = step;
+        self.hp_first_step = None;
     }
 
     /// Kernel launches issued by [`AdamW::step`] so far (one per step with any
@@ -469,6 +484,7 @@ impl AdamW {
             g.lr = old;
             return Err(e);
         }
+        self.hp_first_step = None;
         Ok(())
     }
 
@@ -494,19 +510,33 @@ impl AdamW {
         Ok(self.g.fill_zero()?)
     }
 
-    /// One AdamW step over every parameter: one asynchronous upload of the
-    /// hyperparameter table and ONE kernel launch on `ops`' stream; no host
-    /// synchronization.
+    /// One AdamW step over every parameter: ONE kernel launch on `ops`' stream (and,
+    /// every [`HP_STEPS_MAX`] steps or after a hyperparameter change, one small
+    /// asynchronous upload of the hyperparameter table first); no host synchronization.
     pub fn step(&mut self, ops: &Ops) -> Result<(), OpError> {
         self.check_device(ops)?;
         let t = self.step + 1;
         let nchunks = self.layout.len / self.launch.block;
         if nchunks > 0 {
-            let mut table = Vec::with_capacity(self.groups.len() * HP_COLS);
-            for g in &self.groups {
-                table.extend_from_slice(&g.hyper_row(t));
-            }
-            ops.stream().upload_f32_async(&self.hp, &table)?;
+            let ng = self.groups.len();
+            let first = match self.hp_first_step {
+                Some(f) if t >= f && t < f + self.hp_steps as u64 => f,
+                _ => {
+                    // The rows of steps t .. t + hp_steps, in one asynchronous upload
+                    // (queued after every earlier step's kernel: no row is overwritten
+                    // while a kernel may still read it).
+                    let mut table = Vec::with_capacity(self.hp_steps * ng * HP_COLS);
+                    for k in 0..self.hp_steps as u64 {
+                        for g in &self.groups {
+                            table.extend_from_slice(&g.hyper_row(t + k));
+                        }
+                    }
+                    ops.stream().upload_f32_async(&self.hp, &table)?;
+                    self.hp_first_step = Some(t);
+                    t
+                }
+            };
+            let hp = self.hp.narrow(0, (t - first) as usize * ng, ng)?;
             let kernel = self.kernel(ops)?;
             let grid = grid_x(self.launch.grid.map_or(nchunks, |g| g.clamp(1, nchunks)))?;
             ops.launch(
@@ -518,7 +548,7 @@ impl AdamW {
                     Arg::from(&self.m),
                     Arg::from(&self.v),
                     Arg::from(&self.block_group),
-                    Arg::from(&self.hp),
+                    Arg::from(&hp),
                 ],
             )?;
             self.step_launches += 1;

@@ -39,6 +39,7 @@ fn adamw_case(param: DType, state: DType, launch: AdamWLaunch) -> AdamWCheck {
         steps: 10,
         seed: 3,
         launch,
+        lr_change: None,
     }
 }
 
@@ -51,6 +52,35 @@ fn run(c: &AdamWCheck) {
         ),
         Err(e) => panic!("{:?}/{:?} {:?}: {e}", c.param, c.state, c.launch),
     }
+}
+
+/// Past the hyperparameter table's refills (every HP_STEPS_MAX steps) and an lr change
+/// in the middle of a table (which must refill it).
+#[test]
+fn adamw_long_trajectory_with_lr_change() {
+    let groups = vec![
+        ParamGroup {
+            weight_decay: 0.1,
+            shapes: vec![vec![7], vec![300]],
+            ..ParamGroup::new(1e-3)
+        },
+        ParamGroup {
+            betas: (0.8, 0.95),
+            maximize: true,
+            shapes: vec![vec![33]],
+            ..ParamGroup::new(3e-3)
+        },
+    ];
+    let steps = 2 * HP_STEPS_MAX as u64 + 40;
+    run(&AdamWCheck {
+        param: DType::F32,
+        state: DType::F32,
+        groups,
+        steps,
+        seed: 9,
+        launch: AdamWLaunch::default(),
+        lr_change: Some((HP_STEPS_MAX as u64 + 17, 0.25)),
+    });
 }
 
 #[test]
