@@ -42,10 +42,26 @@ pub fn parse(file: &SourceFile) -> Result<ast::Module, Diagnostics> {
         )));
     }
     let scan = prescan(text).map_err(Diagnostics::single)?;
-    // Collecting the expected tokens costs a little time and gives much better messages.
-    pest::set_error_detail(true);
-    let pairs = KgParser::parse(Rule::file, text)
-        .map_err(|e| Diagnostics::single(syntax_error(text, &scan, &e)))?;
+    // Collecting the expected tokens (pest's error detail) gives much better messages
+    // but costs more than half of the parse: parse without it, and only when that fails
+    // parse again with it, for the diagnostic.
+    pest::set_error_detail(false);
+    let pairs = match KgParser::parse(Rule::file, text) {
+        Ok(p) => p,
+        Err(_) => {
+            pest::set_error_detail(true);
+            let detailed = KgParser::parse(Rule::file, text);
+            pest::set_error_detail(false);
+            return Err(Diagnostics::single(match detailed {
+                Err(e) => syntax_error(text, &scan, &e),
+                Ok(_) => Diagnostic::error(
+                    ErrorCode::Syntax,
+                    Span::DUMMY,
+                    "internal parse error: the text parses only with error detail on",
+                ),
+            }));
+        }
+    };
     let mut pairs = pairs;
     let file_pair = pairs.next().ok_or_else(|| {
         Diagnostics::single(Diagnostic::error(
