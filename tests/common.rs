@@ -102,3 +102,37 @@ pub fn assemble(ptxas: &Path, ptx: &str, arch: &str, name: &str) -> Result<Ptxas
     }
     Ok(r)
 }
+
+/// Device-tensor helpers of the op-library tests.
+pub mod ops {
+    use kgen::cases::Rng;
+    use kgen::core::DType;
+    use kgen::runtime::{Device, Tensor};
+
+    /// `n` values `scale * normalish()`, never zero (the tests never check on zeros).
+    pub fn rand_vec(rng: &mut Rng, n: usize, scale: f64) -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                let v = scale * rng.normalish();
+                if v == 0.0 {
+                    0.25
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+
+    /// A device tensor of `v` and the values as stored (rounded to `dt`).
+    pub fn put(d: &Device, dt: DType, shape: &[usize], v: &[f64]) -> (Tensor, Vec<f64>) {
+        let t = d.from_f64(dt, shape, v).unwrap();
+        let stored = t.to_f64_vec().unwrap();
+        (t, stored)
+    }
+
+    /// A tensor of NaN (a poisoned output).
+    pub fn nan_tensor(d: &Device, dt: DType, shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        d.from_f64(dt, shape, &vec![f64::NAN; n]).unwrap()
+    }
+}

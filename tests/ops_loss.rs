@@ -3,6 +3,8 @@
 //! (outputs poisoned first), gradients by finite differences, the defined edge behaviour
 //! (target 0, V = 1, all rows ignored, out-of-range targets) and the typed errors.
 
+mod common;
+
 use kgen::cases::Rng;
 use kgen::core::DType;
 use kgen::ops::loss::{ce_reference, count_reference, softmax_bwd_reference};
@@ -36,30 +38,7 @@ fn gpu_checks_pass_on_the_gpu() {
 
 // ------------------------------------------------------------------ helpers
 
-fn rand_vec(rng: &mut Rng, n: usize, scale: f64) -> Vec<f64> {
-    (0..n)
-        .map(|_| {
-            let v = scale * rng.normalish();
-            if v == 0.0 {
-                0.25
-            } else {
-                v
-            }
-        })
-        .collect()
-}
-
-/// A device tensor of `v` and the values as stored (rounded to `dt`).
-fn put(d: &Device, dt: DType, shape: &[usize], v: &[f64]) -> (Tensor, Vec<f64>) {
-    let t = d.from_f64(dt, shape, v).unwrap();
-    let stored = t.to_f64_vec().unwrap();
-    (t, stored)
-}
-
-fn nan_tensor(d: &Device, dt: DType, shape: &[usize]) -> Tensor {
-    let n: usize = shape.iter().product();
-    d.from_f64(dt, shape, &vec![f64::NAN; n]).unwrap()
-}
+use common::ops::{nan_tensor, put, rand_vec};
 
 fn vals(t: &Tensor) -> Vec<f64> {
     t.to_f64_vec().unwrap()

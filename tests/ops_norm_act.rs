@@ -2,10 +2,12 @@
 //! numerics against float64 references on awkward shapes and every dtype (outputs
 //! poisoned first), gradients by finite differences, views, and the typed errors.
 
+mod common;
+
 use kgen::cases::Rng;
 use kgen::core::DType;
 use kgen::ops::{OpError, Ops};
-use kgen::runtime::{Device, Tensor};
+use kgen::runtime::Device;
 
 #[test]
 fn gpu_checks_pass_on_the_interpreter() {
@@ -41,29 +43,10 @@ fn gpu_checks_pass_on_the_gpu() {
 
 // ------------------------------------------------------------------ helpers
 
+use common::ops::{nan_tensor as nan, put};
+
 fn rand_vec(rng: &mut Rng, n: usize) -> Vec<f64> {
-    (0..n)
-        .map(|_| {
-            let v = rng.normalish();
-            if v == 0.0 {
-                0.25
-            } else {
-                v
-            }
-        })
-        .collect()
-}
-
-/// A device tensor of `v` and the values as stored (rounded to `dt`).
-fn put(d: &Device, dt: DType, shape: &[usize], v: &[f64]) -> (Tensor, Vec<f64>) {
-    let t = d.from_f64(dt, shape, v).unwrap();
-    let stored = t.to_f64_vec().unwrap();
-    (t, stored)
-}
-
-fn nan(d: &Device, dt: DType, shape: &[usize]) -> Tensor {
-    let n: usize = shape.iter().product();
-    d.from_f64(dt, shape, &vec![f64::NAN; n]).unwrap()
+    common::ops::rand_vec(rng, n, 1.0)
 }
 
 fn tol(dt: DType) -> f64 {
