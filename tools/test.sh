@@ -5,7 +5,9 @@
 #      (tools/install-ptxas.sh) and exports KGEN_PTXAS for the tests that assemble PTX;
 #   2. cargo test --workspace --release;
 #   3. builds the release `kgen` and runs `kgen selftest` (every bundled kernel's cases on
-#      the interpreter against the float64 references; on a GPU machine also on the GPU);
+#      the interpreter against the float64 references; on a GPU machine also on the GPU)
+#      and `kgen` alone (the README's main job, the training demo; fails if the loss does
+#      not go down);
 #   4. compiles every kernel of every kernels-src/*.kg for sm_80 and sm_90a with
 #      `kgen compile` and pipes it into ptxas as a smoke test;
 #   5. builds the README's `#[kgen::kernel]` example in a fresh `cargo new` crate, runs it
@@ -30,6 +32,9 @@ kgen=./target/release/kgen
 
 step "kgen selftest"
 "$kgen" selftest
+
+step "kgen (the README's main job: the training demo, here on the interpreter)"
+"$kgen"
 
 step "kgen compile | ptxas, every bundled kernel, sm_80 and sm_90a"
 log="$(mktemp)"

@@ -25,11 +25,14 @@ use std::path::PathBuf;
         kgen compile kernels-src/rmsnorm.kg --emit ir\n  \
         kgen check my_kernel.kg\n  \
         kgen run kernels-src/softmax.kg --grid 1000 --arg x=1000x4097 --arg y=1000x4097\n  \
-        kgen selftest [--gpu] [--full] [--filter softmax]"
+        kgen selftest [--gpu] [--full] [--filter softmax]\n  \
+        kgen train [--steps N] [--no-gpu]     (also what `kgen` alone runs)\n  \
+        kgen bench [--filter rmsnorm] [--peers peers.json]"
 )]
 struct Cli {
+    /// Without a command: `kgen train` (the end-to-end demo).
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -174,7 +177,11 @@ pub fn main() -> i32 {
         eprintln!("kgen: internal error: {info}");
         eprintln!("kgen: this is a bug in kgen; please report it with the input that caused it");
     }));
-    let result = std::panic::catch_unwind(move || match cli.command {
+    let command = cli.command.unwrap_or(Command::Train(TrainArgs {
+        steps: None,
+        no_gpu: false,
+    }));
+    let result = std::panic::catch_unwind(move || match command {
         Command::Compile(a) => compile::compile(a),
         Command::Check(a) => compile::check(a),
         Command::Run(a) => run::run(a),
