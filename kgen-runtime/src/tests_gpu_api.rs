@@ -1,9 +1,10 @@
 //! GPU tests of the Device / Tensor / launch API: results against float64 and the
-//! interpreter, async uploads through the pinned ring (wrapping it, no host sync), the
-//! host cost of a warm launch, wrong-device and misalignment errors on real pointers,
+//! interpreter, async uploads through the pinned ring (wrapping it, no host sync), packed
+//! launches, wrong-device and misalignment errors on real pointers,
 //! user cudarc streams, launches from another thread, and the disk cache of driver JIT
 //! output (hit, corrupt entry rebuilt). Each test prints that it skipped and passes when
-//! the machine has no CUDA driver or no kgen-capable GPU.
+//! the machine has no CUDA driver or no kgen-capable GPU. One ignored measurement (the
+//! host cost of a warm launch, piece by piece) runs with `--ignored`.
 
 use crate::*;
 use kgen_core::types::DType;
@@ -225,7 +226,11 @@ fn host_us_per_call_ab(
     (median(&mut ta), median(&mut tb))
 }
 
+/// A measurement, not a test (performance is measured by `kgen bench`, never asserted in
+/// tests): where the host time of a warm launch goes. Run on a GPU with
+/// `--ignored --nocapture gpu_warm_launch_host_cost`.
 #[test]
+#[ignore = "a measurement: run with --ignored --nocapture on a GPU"]
 fn gpu_warm_launch_host_cost() {
     let Some(d) = gpu_or_skip("gpu_warm_launch_host_cost") else {
         return;
@@ -313,11 +318,6 @@ fn gpu_warm_launch_host_cost() {
     });
     eprintln!(
         "  pieces: context check {bind_ns:.0} ns, argument checks {check_ns:.0} ns, packing {pack_ns:.0} ns"
-    );
-    // Argument checks, packing and the context check must stay well under a microsecond.
-    assert!(
-        ours - raw < 1.0,
-        "Device::launch {ours} us vs the driver's {raw} us"
     );
 }
 
