@@ -42,6 +42,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         (7, 1000, DType::F32, 2, 1024),
         (7, 1000, DType::BF16, 4, 1000),
         (3, 768, DType::BF16, 1, 1024),
+        (7, 768, DType::BF16, 4, 768),
         (1000, 7, DType::F16, 8, 32),
     ];
     for &(r, c, dt, rpb, b) in quick_rows {
@@ -55,6 +56,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             (4097, 768, DType::BF16, 4, 1024),
             (4097, 1000, DType::F32, 2, 1024),
             (4097, 768, DType::F16, 8, 1024),
+            (4097, 768, DType::BF16, 4, 768),
             (4097, 7, DType::BF16, 8, 32),
             (4097, 1, DType::F16, 2, 32),
         ];

@@ -35,7 +35,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         }
     }
     // `rmsnorm_rows` (ROWS rows per block, cols <= BLOCK): rows not multiples of ROWS,
-    // short and odd cols, BLOCK 32 (tiny rows) / 1000 (non-power-of-two) / 1024.
+    // short and odd cols, BLOCK 32 (tiny rows) / 768, 1000 (non-power-of-two) / 1024.
     let quick_rows: &[(usize, usize, DType, usize, usize)] = &[
         (1, 1, DType::BF16, 4, 1024),
         (1, 7, DType::F32, 2, 32),
@@ -44,6 +44,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         (7, 1000, DType::F32, 2, 1024),
         (7, 1000, DType::BF16, 4, 1000),
         (3, 768, DType::BF16, 1, 1024),
+        (7, 768, DType::BF16, 4, 768),
         (1000, 7, DType::F16, 8, 32),
     ];
     for &(r, c, dt, rpb, b) in quick_rows {
@@ -57,6 +58,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             (4097, 768, DType::BF16, 4, 1024),
             (4097, 1000, DType::F32, 2, 1024),
             (4097, 768, DType::F16, 8, 1024),
+            (4097, 768, DType::BF16, 4, 768),
             (4097, 7, DType::BF16, 8, 32),
             (4097, 1, DType::F16, 2, 32),
         ];

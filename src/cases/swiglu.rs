@@ -25,6 +25,7 @@ const QUICK: &[(usize, usize, DType, usize, usize)] = &[
 const FULL: &[(usize, usize, DType, usize, usize)] = &[
     (1000, 4097, DType::BF16, 1, 1024),
     (64, 11008, DType::BF16, 1, 1376),
+    (33, 11008, DType::BF16, 4, 256),
     (1000, 1000, DType::F32, 4, 512),
     (128, 4096, DType::F16, 2, 2048),
     (1000, 7, DType::BF16, 8, 32),
@@ -88,7 +89,7 @@ fn outputs_pair(dtype: DType, rows: usize, h: usize, fused: bool) -> (HostTensor
 }
 
 fn grid(rows: usize, h: usize, rows_per_tile: usize, block: usize) -> [u32; 3] {
-    [cdiv(rows, rows_per_tile) as u32, cdiv(h, block) as u32, 1]
+    [(cdiv(rows, rows_per_tile) * cdiv(h, block)) as u32, 1, 1]
 }
 
 fn tolerance(dtype: DType) -> Tolerance {

@@ -18,7 +18,7 @@
 use super::norm::{default_warps, max_rel_err, poisoned_on, random_on, rounding_tol};
 use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{grid_1d, grid_2d, Arg, Device, Tensor};
+use kgen_runtime::{grid_1d, grid_x, Arg, Device, Tensor};
 
 /// Elements per SwiGLU tile, the default first.
 const SWIGLU_TILES: [usize; 3] = [1024, 2048, 4096];
@@ -43,7 +43,29 @@ fn swiglu_configs(h: usize) -> Vec<(usize, usize, u32)> {
     if !v.contains(&c) {
         v.push(c);
     }
+    // Rows that are not a power of two (11008 = 43 * 256): a BLOCK that divides the row
+    // leaves no masked tail tile (BLOCK 1024 masks a quarter of every 11th tile there).
+    let d = (1usize << h.trailing_zeros().min(10)).min(h);
+    if d >= 128 && d < h {
+        for e in [1024usize, 2048] {
+            let c = (e / d, d, default_warps(e));
+            if !v.contains(&c) {
+                v.push(c);
+            }
+        }
+    }
     v
+}
+
+/// The 1-D grid of the SwiGLU kernels: one block per [ROWS, BLOCK] tile, column tiles
+/// fastest (see `kernels-src/swiglu.kg`).
+fn swiglu_grid(rows: usize, r: usize, h: usize, b: usize) -> Result<[u32; 3], OpError> {
+    let tiles = rows
+        .div_ceil(r.max(1))
+        .checked_mul(h.div_ceil(b.max(1)))
+        .filter(|&n| n <= i32::MAX as usize)
+        .ok_or_else(|| shape_err("swiglu", format!("{rows}x{h} needs too many tiles")))?;
+    Ok(grid_x(tiles)?)
 }
 
 /// `t` as `[rows, last]` (rank 1 included).
@@ -161,7 +183,7 @@ impl Ops {
                 &[("gate", gate), ("up", up), ("out", out)],
             )?;
             let args = [Arg::from(gate), Arg::from(up), Arg::from(out)];
-            self.launch_maybe_timed(&k, grid_2d(rows, r, h, b)?, &args, timed)
+            self.launch_maybe_timed(&k, swiglu_grid(rows, r, h, b)?, &args, timed)
         })?;
         Ok(())
     }
@@ -264,7 +286,7 @@ impl Ops {
                 Arg::from(dgate),
                 Arg::from(dup),
             ];
-            self.launch_maybe_timed(&k, grid_2d(rows, r, h, b)?, &args, timed)
+            self.launch_maybe_timed(&k, swiglu_grid(rows, r, h, b)?, &args, timed)
         })?;
         Ok(())
     }
@@ -434,4 +456,30 @@ fn check_relu(ops: &Ops, n: usize, t: DType) -> Result<f64, String> {
         }
     }
     Ok(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::swiglu_configs;
+
+    #[test]
+    fn swiglu_candidates() {
+        // The default first: a 1024-element tile, BLOCK the row's power of two up to it.
+        assert_eq!(swiglu_configs(11008)[0], (1, 1024, 4));
+        assert_eq!(swiglu_configs(300)[0], (2, 512, 4));
+        // 11008 = 43 * 256: tiles of whole 256-wide column spans are candidates too.
+        assert!(swiglu_configs(11008).contains(&(4, 256, 4)));
+        assert!(swiglu_configs(11008).contains(&(8, 256, 8)));
+        // Powers of two and odd widths add nothing of the kind.
+        assert!(swiglu_configs(4096).iter().all(|c| c.1 >= 1024));
+        assert!(swiglu_configs(4097).iter().all(|c| c.1 >= 1024));
+        for h in [1usize, 7, 1000, 4097, 11008, 1 << 20] {
+            for (r, b, w) in swiglu_configs(h) {
+                assert!(
+                    r >= 1 && b >= 1 && (1..=16).contains(&w),
+                    "{h}: {r} {b} {w}"
+                );
+            }
+        }
+    }
 }

@@ -169,6 +169,22 @@ fn fwd_configs(rows: usize, cols: usize, sms: usize) -> Vec<FwdConfig> {
                 v.push(c);
             }
         }
+        // Rows that are a whole number of 256-element spans but not a power of two
+        // (768): a tile exactly as wide as the row leaves no lane masked (a 1024-wide
+        // tile masks a quarter of them at 768).
+        if cols % 256 == 0 && cols < block {
+            for (r, warps) in [(4usize, 2u32), (4, 4), (2, 2)] {
+                let r = r.min(max_r);
+                let c = FwdConfig {
+                    rows_per_block: Some(r),
+                    block: cols,
+                    warps,
+                };
+                if r >= 2 && !v.contains(&c) {
+                    v.push(c);
+                }
+            }
+        }
     }
     v.extend(
         fwd_warp_candidates(block)
@@ -820,6 +836,9 @@ mod tests {
                 "ROWS=4,BLOCK=1024,warps=2",
                 "ROWS=2,BLOCK=1024,warps=2",
                 "ROWS=4,BLOCK=1024,warps=4",
+                "ROWS=4,BLOCK=768,warps=2",
+                "ROWS=4,BLOCK=768,warps=4",
+                "ROWS=2,BLOCK=768,warps=2",
                 "BLOCK=1024,warps=1",
                 "BLOCK=1024,warps=2",
             ]
