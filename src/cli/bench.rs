@@ -366,7 +366,7 @@ mod tests {
             "--quick",
         ])
         .unwrap();
-        let Command::Bench(a) = c.command else {
+        let Some(Command::Bench(a)) = c.command else {
             panic!("not bench")
         };
         assert_eq!(a.filter.as_deref(), Some("rmsnorm,adamw"));
@@ -375,7 +375,7 @@ mod tests {
         assert_eq!(a.peers, Some(PathBuf::from("p.json")));
         assert!(a.quick && !a.no_extras);
         let c = Cli::try_parse_from(["kgen", "bench"]).unwrap();
-        let Command::Bench(a) = c.command else {
+        let Some(Command::Bench(a)) = c.command else {
             panic!("not bench")
         };
         assert!(a.filter.is_none() && a.peers.is_none() && !a.quick);

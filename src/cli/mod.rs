@@ -211,6 +211,17 @@ mod tests {
     }
 
     #[test]
+    fn no_command_is_allowed_and_train_takes_its_options() {
+        assert!(Cli::try_parse_from(["kgen"]).unwrap().command.is_none());
+        let c = Cli::try_parse_from(["kgen", "train", "--steps", "5", "--no-gpu"]).unwrap();
+        let Some(Command::Train(a)) = c.command else {
+            panic!("not train")
+        };
+        assert_eq!((a.steps, a.no_gpu), (Some(5), true));
+        assert!(Cli::try_parse_from(["kgen", "train", "--steps", "0"]).is_err());
+    }
+
+    #[test]
     fn parses_the_documented_command_lines() {
         let c = Cli::try_parse_from([
             "kgen",
@@ -228,7 +239,7 @@ mod tests {
             "out.txt",
         ])
         .unwrap();
-        let Command::Compile(a) = c.command else {
+        let Some(Command::Compile(a)) = c.command else {
             panic!()
         };
         assert_eq!(a.arch, Arch::Sm80);
@@ -238,7 +249,7 @@ mod tests {
         );
         assert_eq!(a.emit, Emit::Ir);
         let c = Cli::try_parse_from(["kgen", "compile", "k.kg"]).unwrap();
-        let Command::Compile(a) = c.command else {
+        let Some(Command::Compile(a)) = c.command else {
             panic!()
         };
         assert_eq!(a.arch, Arch::Sm90a);
@@ -255,14 +266,16 @@ mod tests {
             "y=1000x4097",
         ])
         .unwrap();
-        let Command::Run(a) = c.command else { panic!() };
+        let Some(Command::Run(a)) = c.command else {
+            panic!()
+        };
         assert_eq!(a.grid, Some([1000, 1, 1]));
         assert_eq!(a.args.len(), 2);
         let c = Cli::try_parse_from([
             "kgen", "selftest", "--gpu", "--full", "--filter", "softmax", "--seed", "3",
         ])
         .unwrap();
-        let Command::Selftest(a) = c.command else {
+        let Some(Command::Selftest(a)) = c.command else {
             panic!()
         };
         assert!(a.gpu && a.full && a.filter.as_deref() == Some("softmax") && a.seed == 3);

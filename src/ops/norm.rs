@@ -172,7 +172,7 @@ fn fwd_configs(rows: usize, cols: usize, sms: usize) -> Vec<FwdConfig> {
         // Rows that are a whole number of 256-element spans but not a power of two
         // (768): a tile exactly as wide as the row leaves no lane masked (a 1024-wide
         // tile masks a quarter of them at 768).
-        if cols % 256 == 0 && cols < block {
+        if cols.is_multiple_of(256) && cols < block {
             for (r, warps) in [(4usize, 2u32), (4, 4), (2, 2)] {
                 let r = r.min(max_r);
                 let c = FwdConfig {
