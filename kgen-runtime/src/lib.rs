@@ -31,6 +31,13 @@
 //!   winner on disk.
 //! - [`Gpu`]: the lower-level host-tensor path (`Gpu::run` copies in, launches, copies
 //!   out) used by the self-test.
+//!
+//! Streams and memory: tensors are allocated, filled (`fill_zero`, host copies) and freed
+//! in the order of the device's default stream ([`Device::stream`]). Work queued on
+//! another stream (a [`Device::new_stream`], or a framework's stream through
+//! [`Stream::from_cudarc`]) is not ordered with them: make that stream wait
+//! ([`Stream::wait_for`]) before it uses a tensor just allocated or filled, and keep a
+//! tensor alive until the work that uses it has finished on that stream.
 
 pub mod autotune;
 mod device;
