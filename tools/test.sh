@@ -28,7 +28,7 @@ cargo test --workspace --release
 
 step "cargo build --release"
 cargo build --release
-kgen=./target/release/kgen
+kgen="${CARGO_TARGET_DIR:-target}/release/kgen"
 
 step "kgen selftest"
 "$kgen" selftest
