@@ -475,55 +475,8 @@ impl Ops {
 
 // ---------------------------------------------------------------- f64 references
 
-/// dx = y * (dy - sum(dy * y)) per row of `cols`, in f64.
-pub fn softmax_bwd_reference(y: &[f64], dy: &[f64], cols: usize) -> Vec<f64> {
-    let mut dx = Vec::with_capacity(y.len());
-    for (yr, gr) in y.chunks(cols).zip(dy.chunks(cols)) {
-        let dot: f64 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
-        dx.extend(yr.iter().zip(gr).map(|(a, b)| a * (b - dot)));
-    }
-    dx
-}
-
-/// [count, 1/count (0 when count is 0)] of the targets that are not `ignore_index`.
-pub fn count_reference(targets: &[f64], ignore_index: f64) -> [f64; 2] {
-    let count = targets.iter().filter(|&&t| t != ignore_index).count() as f64;
-    [count, if count > 0.0 { 1.0 / count } else { 0.0 }]
-}
-
-/// Per-row loss and gradient in f64 for logits `x [rows, vocab]`: loss = logsumexp(x) -
-/// x[t], dx = (softmax(x) - onehot(t)) * inv_count; ignored rows 0; rows with a target
-/// outside [0, vocab) NaN (loss and the whole dx row), as the op defines them.
-pub fn ce_reference(
-    x: &[f64],
-    targets: &[f64],
-    vocab: usize,
-    ignore_index: f64,
-    inv_count: f64,
-) -> (Vec<f64>, Vec<f64>) {
-    let mut loss = Vec::with_capacity(targets.len());
-    let mut dx = Vec::with_capacity(x.len());
-    for (row, &t) in x.chunks(vocab).zip(targets) {
-        if t == ignore_index {
-            loss.push(0.0);
-            dx.extend(std::iter::repeat_n(0.0, vocab));
-        } else if !(t >= 0.0 && t < vocab as f64) {
-            loss.push(f64::NAN);
-            dx.extend(std::iter::repeat_n(f64::NAN, vocab));
-        } else {
-            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
-            let ti = t as usize;
-            loss.push(lse - row[ti]);
-            dx.extend(
-                row.iter()
-                    .enumerate()
-                    .map(|(j, v)| ((v - lse).exp() - if j == ti { 1.0 } else { 0.0 }) * inv_count),
-            );
-        }
-    }
-    (loss, dx)
-}
+/// The float64 references, shared with the kernels' test cases (`crate::cases`).
+pub use crate::cases::cross_entropy::{ce_reference, count_reference, softmax_bwd_reference};
 
 // ---------------------------------------------------------------- GPU checks
 
