@@ -195,8 +195,30 @@ fn fwd_configs(rows: usize, cols: usize, sms: usize) -> Vec<FwdConfig> {
                 warps,
             }),
     );
+    // Longer one-tile rows: two rows per [2, BLOCK] tile (w, and b, read once per two
+    // rows instead of once per row: at 4096 columns that per-row re-read is as many
+    // bytes from L2 as the row itself), at 16 and 32 elements per thread.
+    if block > MAX_ROWS_KERNEL_BLOCK
+        && block <= MAX_TWO_ROW_BLOCK
+        && cols <= block
+        && rows >= ROWS_KERNEL_MIN_ROWS_PER_SM * sms
+    {
+        for per_thread in [16, 32] {
+            let c = FwdConfig {
+                rows_per_block: Some(2),
+                block,
+                warps: (2 * block / (32 * per_thread)).clamp(1, 16) as u32,
+            };
+            if !v.contains(&c) {
+                v.push(c);
+            }
+        }
+    }
     v
 }
+
+/// Largest one-tile row for the two-rows-per-block forward candidates.
+const MAX_TWO_ROW_BLOCK: usize = 4096;
 
 /// (BLOCK, ROWS) of the dw/db column-sum kernels: BLOCK columns per block, enough blocks
 /// to cover the SMs where the row allows; ROWS partial rows per step, so that a step
@@ -843,13 +865,25 @@ mod tests {
                 "BLOCK=1024,warps=2",
             ]
         );
-        // Few rows, or rows longer than one 1024 tile: one row per block only.
+        // Few rows, or rows longer than one 4096 tile: one row per block only.
         assert!(fwd_configs(1000, 768, 132)
             .iter()
             .all(|c| c.rows_per_block.is_none()));
-        assert!(fwd_configs(16384, 2048, 132)
+        assert!(fwd_configs(16384, 8192, 132)
             .iter()
             .all(|c| c.rows_per_block.is_none()));
+        // Rows of 2048 to 4096: one row per block first, then two rows per block.
+        let labels_4096: Vec<String> = labels(16384, 4096);
+        assert_eq!(
+            labels_4096,
+            [
+                "BLOCK=4096,warps=4",
+                "BLOCK=4096,warps=8",
+                "BLOCK=4096,warps=2",
+                "ROWS=2,BLOCK=4096,warps=16",
+                "ROWS=2,BLOCK=4096,warps=8",
+            ]
+        );
         // Tiny rows: ROWS capped so that every SM gets at least two blocks.
         for c in fwd_configs(2000, 7, 132) {
             if let Some(r) = c.rows_per_block {

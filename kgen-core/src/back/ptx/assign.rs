@@ -169,8 +169,9 @@ impl Assigner<'_> {
     }
 
     /// A layout for the result of a shape operation with the given weight map: the
-    /// result shape's default layout if it is free, else `named` if free, else the
-    /// source's distribution relabeled.
+    /// result shape's default layout if it is free, else `named` if free and holding no
+    /// more registers per thread than the default, else the source's distribution
+    /// relabeled (new broadcast bits on free lanes, then warps, then registers).
     fn shape_result(
         &self,
         src: ValueId,
@@ -180,11 +181,18 @@ impl Assigner<'_> {
     ) -> Layout {
         let sl = self.lin(src);
         let def = self.default_layout(dst_shape);
-        if layout::free_remap(&sl, &def.linear(dst_shape, self.num_warps), weights).is_some() {
+        let def_lin = def.linear(dst_shape, self.num_warps);
+        if layout::free_remap(&sl, &def_lin, weights).is_some() {
             return def;
         }
         if let Some(n) = named {
-            if layout::free_remap(&sl, &n.linear(dst_shape, self.num_warps), weights).is_some() {
+            // Free, but not at the price of more registers than the default: a small
+            // tile's layout named for a large broadcast result can put every new
+            // element in registers (e.g. [2, 1] -> [2, 4096] on 16 warps: 4096 each).
+            let nl = n.linear(dst_shape, self.num_warps);
+            if nl.num_regs() <= def_lin.num_regs()
+                && layout::free_remap(&sl, &nl, weights).is_some()
+            {
                 return n;
             }
         }
@@ -375,8 +383,11 @@ pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<cra
             }
             match &inst.op {
                 Op::For { body, .. } => {
+                    // Arguments are defined inside the loop (at its first position), so
+                    // their uses are not extended to the whole loop like the uses of
+                    // values defined before it.
                     for &a in &body.args {
-                        w.def.insert(a, here);
+                        w.def.insert(a, here + 1);
                     }
                     let start = here;
                     // Find the loop's extent first (count), then walk with it known.
@@ -384,10 +395,10 @@ pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<cra
                     loops.push((start, end));
                     walk(func, body, w, loops);
                     loops.pop();
-                    for &a in &body.args {
-                        let e = w.last.entry(a).or_insert(end);
-                        *e = (*e).max(end);
-                    }
+                    // A loop-carried argument dies at its last use in the body: the back
+                    // edge carries the yielded value (live to the yield, which uses it),
+                    // not the argument. An argument yielded unchanged is used by the
+                    // yield and so stays live for the whole body.
                 }
                 Op::If {
                     then_body,

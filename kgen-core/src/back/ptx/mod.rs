@@ -33,7 +33,7 @@ use lower::ParamLoad;
 
 /// Registers (32-bit) that we leave for addresses, predicates and temporaries when
 /// checking the estimate against the per-thread budget.
-const REG_OVERHEAD: u32 = 32;
+const REG_OVERHEAD: u32 = 16;
 /// The most registers per thread the estimate may reach (ptxas allows 255; beyond
 /// about 200 live tile registers it starts spilling).
 const REG_SOFT_LIMIT: u32 = 200;

@@ -862,3 +862,33 @@ fn bundled_kernels_from_source() {
         }
     }
 }
+
+/// A broadcast of a small [2, 1] tile against a wide [1, 4096] one: the small tile's own
+/// (free) layout named for [2, 4096] would hold all 4096 columns in every thread's
+/// registers; the assignment takes a distribution with no more registers than the
+/// default instead, so the kernel compiles within the register limit.
+#[test]
+fn small_tile_broadcast_against_a_wide_tile_stays_within_registers() {
+    let src = r#"
+kernel mix(x: tensor<bf16, 2, contiguous>, w: tensor<bf16, 1, contiguous>, y: tensor<f32, 2, contiguous>) {
+    for i in 0..shape(x, 0) {
+        let v = load(x, [i, 0], [1, 4096]).reshape([4096]) as f32;
+        let wv = (load(w, [0], [4096]) as f32) * v;
+        let sel = where(arange(0, 2) == 0, 1.0, 0.0).reshape([2, 1]);
+        let both = wv.reshape([1, 4096]) * sel + (wv * v).reshape([1, 4096]) * (1.0 - sel);
+        let s = sum(both, 1);
+        let c1 = sum(where(arange(0, 2) == 0, s, 0.0), 0);
+        store(y, [i, 0], (v * c1).reshape([1, 4096]));
+    }
+}
+"#;
+    let file = crate::SourceFile::new("mix.kg", src);
+    let mut opts = crate::CompileOptions::new(Arch::Sm90a);
+    opts.num_warps = Some(16);
+    match crate::compile(&file, &opts) {
+        Ok(k) => {
+            assemble(&k.ptx, "sm_90a", "broadcast_small_tile");
+        }
+        Err(d) => panic!("{}", d.render(&file)),
+    }
+}
