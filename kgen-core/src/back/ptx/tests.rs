@@ -892,3 +892,48 @@ kernel mix(x: tensor<bf16, 2, contiguous>, w: tensor<bf16, 1, contiguous>, y: te
         Err(d) => panic!("{}", d.render(&file)),
     }
 }
+
+/// Two cross-warp sums whose operands are both computed before the first: one shared-
+/// memory exchange (one barrier pair) for both; when the second operand is computed
+/// after the first sum, two exchanges. The value each sum produces is the same either way
+/// (the interpreter and the GPU self-test check the kernels that batch).
+#[test]
+fn ready_cross_warp_reductions_share_one_exchange() {
+    let compile = |src: &str| -> String {
+        let file = crate::SourceFile::new("two.kg", src);
+        let mut opts = crate::CompileOptions::new(Arch::Sm90a);
+        opts.num_warps = Some(8);
+        match crate::compile(&file, &opts) {
+            Ok(k) => {
+                assemble(&k.ptx, "sm_90a", "two_sums");
+                k.ptx
+            }
+            Err(d) => panic!("{}", d.render(&file)),
+        }
+    };
+    let batched = compile(
+        r#"
+kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let v = load(x, [0], [2048]);
+    let sq = v * v;
+    let a = sum(v, 0);
+    let b = sum(sq, 0);
+    store(y, [0], full([1], a * b));
+}
+"#,
+    );
+    assert_eq!(batched.matches("bar.sync").count(), 2, "{batched}");
+    // Both regions in one buffer: 8 warps x 4 bytes each.
+    assert!(batched.contains("kg_smem[64]"), "{batched}");
+    let serial = compile(
+        r#"
+kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let v = load(x, [0], [2048]);
+    let a = sum(v, 0);
+    let b = sum(v * a, 0);
+    store(y, [0], full([1], a * b));
+}
+"#,
+    );
+    assert_eq!(serial.matches("bar.sync").count(), 4, "{serial}");
+}

@@ -24,7 +24,7 @@ use super::assign::Assignment;
 use super::isa::{Addr, Inst, Operand, Reg, RegClass, Stmt};
 use super::layout::Linear;
 use crate::diag::{Diagnostic, Diagnostics, ErrorCode};
-use crate::ir::{Block, Function, InstId, Op, ValueId};
+use crate::ir::{Block, Function, InstId, Op, ReduceOp, ValueId};
 use crate::span::Span;
 use crate::target::Target;
 use crate::types::DType;
@@ -34,6 +34,9 @@ pub type R<T> = Result<T, Diagnostics>;
 
 /// The name of the one shared-memory buffer.
 pub const SMEM: &str = "kg_smem";
+/// How many instructions after a cross-warp reduction are searched for others to batch
+/// with it (a bound on how early a later reduction runs, and so on its live range).
+const REDUCE_BATCH_WINDOW: usize = 16;
 
 pub fn unsupported(span: Span, msg: impl Into<String>) -> Diagnostics {
     Diagnostics::single(Diagnostic::error(ErrorCode::Unsupported, span, msg))
@@ -544,13 +547,61 @@ impl<'a> Lowerer<'a> {
 
     /// Lowers a block; returns the values its `Yield` yields.
     fn block(&mut self, b: &Block) -> R<Vec<ValueId>> {
-        for &i in &b.insts {
+        let mut batched: std::collections::HashSet<InstId> = std::collections::HashSet::new();
+        for (k, &i) in b.insts.iter().enumerate() {
+            if batched.contains(&i) {
+                continue;
+            }
             if let Op::Yield(vs) = &self.func.insts[i].op {
                 return Ok(vs.clone());
+            }
+            let batch = self.reduction_batch(&b.insts[k..]);
+            if batch.len() > 1 {
+                batched.extend(batch.iter().map(|r| r.0));
+                self.lower_reduce_batch(&batch)?;
+                continue;
             }
             self.inst(i)?;
         }
         Ok(Vec::new())
+    }
+
+    /// When `insts[0]` is a reduction across warps: it and the cross-warp reductions
+    /// among the next [`REDUCE_BATCH_WINDOW`] instructions of the block (stopping at
+    /// control flow) whose operands are already computed, so they can share one
+    /// shared-memory exchange. Empty otherwise.
+    fn reduction_batch(&self, insts: &[InstId]) -> Vec<(InstId, ReduceOp, ValueId, usize)> {
+        let func = self.func;
+        let cross_warp = |op: &Op| match op {
+            Op::Reduce { op, value, axis } => {
+                let lin = self.lin(*value);
+                (!lin.warp_bits_of(*axis as usize).is_empty()).then_some((
+                    *op,
+                    *value,
+                    *axis as usize,
+                ))
+            }
+            _ => None,
+        };
+        let Some(&first) = insts.first() else {
+            return Vec::new();
+        };
+        let Some((op, value, axis)) = cross_warp(&func.insts[first].op) else {
+            return Vec::new();
+        };
+        let mut batch = vec![(first, op, value, axis)];
+        for &j in insts.iter().skip(1).take(REDUCE_BATCH_WINDOW) {
+            let inst = &func.insts[j].op;
+            if matches!(inst, Op::For { .. } | Op::If { .. } | Op::Yield(_)) {
+                break;
+            }
+            if let Some((op, value, axis)) = cross_warp(inst) {
+                if self.vals.contains_key(&value) {
+                    batch.push((j, op, value, axis));
+                }
+            }
+        }
+        batch
     }
 
     /// A region's body with its own conversion cache.

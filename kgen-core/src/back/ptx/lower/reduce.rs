@@ -27,6 +27,42 @@ struct Acc {
     i: Option<Reg>,
 }
 
+/// A reduction after its in-register and cross-lane steps: one accumulator per output
+/// register, still to be combined across the warps in `wbits` (none: already complete).
+struct Partial {
+    op: ReduceOp,
+    dt: DType,
+    arg: bool,
+    res: ValueId,
+    span: Span,
+    /// Warp bits of the reduced axis.
+    wbits: Vec<u32>,
+    out_lin: crate::back::ptx::layout::Linear,
+    accs: Vec<Acc>,
+}
+
+impl Partial {
+    fn slot_bytes(&self) -> u32 {
+        if self.dt == DType::I64 {
+            8
+        } else {
+            4
+        }
+    }
+
+    /// (bytes of one region of values, bytes in all: twice that for arg reductions);
+    /// (0, 0) with no cross-warp step.
+    fn smem_bytes(&self) -> (u32, u32) {
+        if self.wbits.is_empty() {
+            return (0, 0);
+        }
+        let nslots = 1u32 << self.wbits.len();
+        let out_numel: u32 = self.out_lin.shape.iter().product::<u32>().max(1);
+        let region = nslots * out_numel * self.slot_bytes();
+        (region, if self.arg { region * 2 } else { region })
+    }
+}
+
 impl Lowerer<'_> {
     fn identity(&mut self, op: ReduceOp, dt: DType, span: Span) -> R<Operand> {
         use DType::*;
@@ -124,6 +160,7 @@ impl Lowerer<'_> {
         d
     }
 
+    /// Lowers one reduction (a batch of one).
     pub fn lower_reduce(
         &mut self,
         id: crate::ir::InstId,
@@ -131,6 +168,33 @@ impl Lowerer<'_> {
         value: ValueId,
         axis: usize,
     ) -> R<()> {
+        let part = self.reduce_partial(id, op, value, axis)?;
+        self.reduce_finish(vec![part])
+    }
+
+    /// Lowers several reductions whose operands are all computed: each reduces in
+    /// registers and across lanes on its own, then all of them exchange their cross-warp
+    /// partials through one shared-memory round trip (one barrier pair for the batch).
+    /// Each result is bit-identical to lowering that reduction alone.
+    pub fn lower_reduce_batch(
+        &mut self,
+        reductions: &[(crate::ir::InstId, ReduceOp, ValueId, usize)],
+    ) -> R<()> {
+        let mut parts = Vec::with_capacity(reductions.len());
+        for &(id, op, value, axis) in reductions {
+            parts.push(self.reduce_partial(id, op, value, axis)?);
+        }
+        self.reduce_finish(parts)
+    }
+
+    /// Steps 1 and 2 of a reduction: in registers, then across lanes.
+    fn reduce_partial(
+        &mut self,
+        id: crate::ir::InstId,
+        op: ReduceOp,
+        value: ValueId,
+        axis: usize,
+    ) -> R<Partial> {
         let func = self.func;
         let inst = &func.insts[id];
         let span = inst.span;
@@ -248,141 +312,214 @@ impl Lowerer<'_> {
                 *a = self.combine(op, dt, *a, Acc { v, i });
             }
         }
+        Ok(Partial {
+            op,
+            dt,
+            arg,
+            res,
+            span,
+            wbits: src.warp_bits_of(axis),
+            out_lin,
+            accs,
+        })
+    }
+
+    /// Steps 3 and 4 of a batch of reductions: the cross-warp exchange of every part that
+    /// needs one, through one shared-memory buffer (each part in its own region), then
+    /// the results.
+    fn reduce_finish(&mut self, mut parts: Vec<Partial>) -> R<()> {
         // 3. Across warps, through shared memory.
-        let wbits = src.warp_bits_of(axis);
-        if !wbits.is_empty() {
-            let nslots = 1u32 << wbits.len();
-            let out_numel: u32 = out_lin.shape.iter().product::<u32>().max(1);
-            let slot_bytes = if dt == DType::I64 { 8 } else { 4 };
-            let region = nslots * out_numel * slot_bytes;
-            let total = if arg { region * 2 } else { region };
+        let mut regions = Vec::with_capacity(parts.len());
+        let mut total = 0u32;
+        for part in &parts {
+            let (region, bytes) = part.smem_bytes();
+            regions.push((total, region));
+            total += bytes;
+        }
+        if total > 0 {
             let base = self.smem_begin(total);
-            let pairs: Vec<(u32, u32)> = wbits
-                .iter()
-                .enumerate()
-                .map(|(j, &w)| (5 + w, j as u32))
-                .collect();
-            let slot = self.tid_bits(&pairs);
-            // Thread part of the output's linear index.
-            let strides = row_major_strides(&out_lin.shape);
-            let mut tlin: Option<Reg> = None;
-            for d in 0..out_lin.rank() {
-                if let Some(t) = self.thread_coord(&out_lin, d) {
-                    let s = self.op1(
-                        RegClass::B32,
-                        "mul.lo.s32",
-                        vec![t.into(), Operand::Imm(strides[d] as i64)],
-                    );
-                    tlin = Some(match tlin {
-                        None => s,
-                        Some(a) => self.op1(RegClass::B32, "add.s32", vec![a.into(), s.into()]),
-                    });
+            let mut reads = Vec::with_capacity(parts.len());
+            for (part, &(offset, region)) in parts.iter().zip(&regions) {
+                if part.wbits.is_empty() {
+                    reads.push(None);
+                    continue;
                 }
-            }
-            let shift = slot_bytes.trailing_zeros() as i64;
-            // Write address: base + ((slot * out_numel) + tlin) * slot_bytes.
-            let mut w = match slot {
-                Some(s) => self.op1(
-                    RegClass::B32,
-                    "mul.lo.s32",
-                    vec![s.into(), Operand::Imm(out_numel as i64)],
-                ),
-                None => self.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(0)]),
-            };
-            if let Some(t) = tlin {
-                w = self.op1(RegClass::B32, "add.s32", vec![w.into(), t.into()]);
-            }
-            let wb = self.op1(
-                RegClass::B32,
-                "shl.b32",
-                vec![w.into(), Operand::Imm(shift)],
-            );
-            let waddr = self.op1(RegClass::B32, "add.s32", vec![base.into(), wb.into()]);
-            let raddr = match tlin {
-                Some(t) => {
-                    let tb = self.op1(
-                        RegClass::B32,
-                        "shl.b32",
-                        vec![t.into(), Operand::Imm(shift)],
-                    );
-                    self.op1(RegClass::B32, "add.s32", vec![base.into(), tb.into()])
-                }
-                None => base,
-            };
-            let st = if slot_bytes == 8 {
-                "st.shared.b64"
-            } else {
-                "st.shared.b32"
-            };
-            let ld = if slot_bytes == 8 {
-                "ld.shared.b64"
-            } else {
-                "ld.shared.b32"
-            };
-            for (o, a) in accs.iter().enumerate() {
-                let off = Self::lin_offset(&out_lin, o) as i64 * slot_bytes as i64;
-                self.emit(
-                    st,
-                    vec![
-                        Operand::Mem(crate::back::ptx::isa::Addr::Reg(waddr), off),
-                        a.v.into(),
-                    ],
-                );
-                if let Some(i) = a.i {
-                    self.emit(
-                        "st.shared.b32",
-                        vec![
-                            Operand::Mem(
-                                crate::back::ptx::isa::Addr::Reg(waddr),
-                                off + region as i64,
-                            ),
-                            i.into(),
-                        ],
-                    );
-                }
+                reads.push(Some(
+                    self.reduce_store_partials(part, base, offset, region)?,
+                ));
             }
             self.barrier();
-            for (o, a) in accs.iter_mut().enumerate() {
-                let off = Self::lin_offset(&out_lin, o) as i64 * slot_bytes as i64;
-                let mut acc: Option<Acc> = None;
-                for s in 0..nslots {
-                    let so = off + (s * out_numel * slot_bytes) as i64;
-                    let v = self.reg(a.v.class);
-                    self.emit(
-                        ld,
-                        vec![
-                            v.into(),
-                            Operand::Mem(crate::back::ptx::isa::Addr::Reg(raddr), so),
-                        ],
-                    );
-                    let i = if arg {
-                        let i = self.reg(RegClass::B32);
-                        self.emit(
-                            "ld.shared.b32",
-                            vec![
-                                i.into(),
-                                Operand::Mem(
-                                    crate::back::ptx::isa::Addr::Reg(raddr),
-                                    so + region as i64,
-                                ),
-                            ],
-                        );
-                        Some(i)
-                    } else {
-                        None
-                    };
-                    let cur = Acc { v, i };
-                    acc = Some(match acc {
-                        None => cur,
-                        Some(x) => self.combine(op, dt, x, cur),
-                    });
-                }
-                if let Some(x) = acc {
-                    *a = x;
+            for ((part, &(offset, region)), raddr) in parts.iter_mut().zip(&regions).zip(reads) {
+                if let Some(raddr) = raddr {
+                    self.reduce_load_partials(part, raddr, offset, region);
                 }
             }
         }
         // 4. Results.
+        for part in parts {
+            self.reduce_results(part)?;
+        }
+        Ok(())
+    }
+    /// Stores part's cross-warp partials at byte `offset` of the buffer at `base`
+    /// (`region` bytes of values, then as many of indices for arg reductions); returns
+    /// the address its reads start from.
+    fn reduce_store_partials(
+        &mut self,
+        part: &Partial,
+        base: Reg,
+        offset: u32,
+        region: u32,
+    ) -> R<Reg> {
+        let out_lin = &part.out_lin;
+        let out_numel: u32 = out_lin.shape.iter().product::<u32>().max(1);
+        let slot_bytes = part.slot_bytes();
+        let pairs: Vec<(u32, u32)> = part
+            .wbits
+            .iter()
+            .enumerate()
+            .map(|(j, &w)| (5 + w, j as u32))
+            .collect();
+        let slot = self.tid_bits(&pairs);
+        // Thread part of the output's linear index.
+        let strides = row_major_strides(&out_lin.shape);
+        let mut tlin: Option<Reg> = None;
+        for d in 0..out_lin.rank() {
+            if let Some(t) = self.thread_coord(out_lin, d) {
+                let s = self.op1(
+                    RegClass::B32,
+                    "mul.lo.s32",
+                    vec![t.into(), Operand::Imm(strides[d] as i64)],
+                );
+                tlin = Some(match tlin {
+                    None => s,
+                    Some(a) => self.op1(RegClass::B32, "add.s32", vec![a.into(), s.into()]),
+                });
+            }
+        }
+        let shift = slot_bytes.trailing_zeros() as i64;
+        // Write address: base + ((slot * out_numel) + tlin) * slot_bytes (+ offset).
+        let mut w = match slot {
+            Some(s) => self.op1(
+                RegClass::B32,
+                "mul.lo.s32",
+                vec![s.into(), Operand::Imm(out_numel as i64)],
+            ),
+            None => self.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(0)]),
+        };
+        if let Some(t) = tlin {
+            w = self.op1(RegClass::B32, "add.s32", vec![w.into(), t.into()]);
+        }
+        let wb = self.op1(
+            RegClass::B32,
+            "shl.b32",
+            vec![w.into(), Operand::Imm(shift)],
+        );
+        let waddr = self.op1(RegClass::B32, "add.s32", vec![base.into(), wb.into()]);
+        let raddr = match tlin {
+            Some(t) => {
+                let tb = self.op1(
+                    RegClass::B32,
+                    "shl.b32",
+                    vec![t.into(), Operand::Imm(shift)],
+                );
+                self.op1(RegClass::B32, "add.s32", vec![base.into(), tb.into()])
+            }
+            None => base,
+        };
+        let st = if slot_bytes == 8 {
+            "st.shared.b64"
+        } else {
+            "st.shared.b32"
+        };
+        for (o, a) in part.accs.iter().enumerate() {
+            let off = (Self::lin_offset(out_lin, o) * slot_bytes as u64 + offset as u64) as i64;
+            self.emit(
+                st,
+                vec![
+                    Operand::Mem(crate::back::ptx::isa::Addr::Reg(waddr), off),
+                    a.v.into(),
+                ],
+            );
+            if let Some(i) = a.i {
+                self.emit(
+                    "st.shared.b32",
+                    vec![
+                        Operand::Mem(crate::back::ptx::isa::Addr::Reg(waddr), off + region as i64),
+                        i.into(),
+                    ],
+                );
+            }
+        }
+        Ok(raddr)
+    }
+
+    /// Reads back and combines every warp's partials of `part` (after the barrier).
+    fn reduce_load_partials(&mut self, part: &mut Partial, raddr: Reg, offset: u32, region: u32) {
+        let out_numel: u32 = part.out_lin.shape.iter().product::<u32>().max(1);
+        let slot_bytes = part.slot_bytes();
+        let nslots = 1u32 << part.wbits.len();
+        let ld = if slot_bytes == 8 {
+            "ld.shared.b64"
+        } else {
+            "ld.shared.b32"
+        };
+        let (op, dt, arg) = (part.op, part.dt, part.arg);
+        for o in 0..part.accs.len() {
+            let off =
+                (Self::lin_offset(&part.out_lin, o) * slot_bytes as u64 + offset as u64) as i64;
+            let class = part.accs[o].v.class;
+            let mut acc: Option<Acc> = None;
+            for s in 0..nslots {
+                let so = off + (s * out_numel * slot_bytes) as i64;
+                let v = self.reg(class);
+                self.emit(
+                    ld,
+                    vec![
+                        v.into(),
+                        Operand::Mem(crate::back::ptx::isa::Addr::Reg(raddr), so),
+                    ],
+                );
+                let i = if arg {
+                    let i = self.reg(RegClass::B32);
+                    self.emit(
+                        "ld.shared.b32",
+                        vec![
+                            i.into(),
+                            Operand::Mem(
+                                crate::back::ptx::isa::Addr::Reg(raddr),
+                                so + region as i64,
+                            ),
+                        ],
+                    );
+                    Some(i)
+                } else {
+                    None
+                };
+                let cur = Acc { v, i };
+                acc = Some(match acc {
+                    None => cur,
+                    Some(x) => self.combine(op, dt, x, cur),
+                });
+            }
+            if let Some(x) = acc {
+                part.accs[o] = x;
+            }
+        }
+    }
+
+    /// Step 4: the results, rounded for half sums and in the result's layout.
+    fn reduce_results(&mut self, part: Partial) -> R<()> {
+        let Partial {
+            op,
+            dt,
+            arg,
+            res,
+            span,
+            out_lin,
+            accs,
+            ..
+        } = part;
         let mut out: Vec<Reg> = accs
             .iter()
             .map(|a| if arg { a.i.unwrap_or(a.v) } else { a.v })
