@@ -97,3 +97,43 @@ fn unknown_kernel_and_bad_define_are_reported() {
     assert_eq!(err.0[0].code, ErrorCode::BadSpecialization);
     insta::assert_snapshot!("diag_define_wrong_kind", err.render(&file));
 }
+
+#[test]
+fn bad_min_blocks_per_sm_is_reported() {
+    let file = SourceFile::new(
+        "ok.kg",
+        "kernel k(x: tensor<f32, 1>) { let i = bid(0); store(x, [i], load(x, [i], [1024])); }",
+    );
+    // Zero blocks: a bad specialization.
+    let mut opts = CompileOptions::new(Arch::Sm90a);
+    opts.min_blocks_per_sm = Some(0);
+    let err = compile(&file, &opts).unwrap_err();
+    assert_eq!(err.0[0].code, ErrorCode::BadSpecialization);
+    insta::assert_snapshot!("diag_min_blocks_zero", err.render(&file));
+    // More threads than an SM holds: a target limit, located at the kernel's first
+    // instruction.
+    let mut opts = CompileOptions::new(Arch::Sm90a);
+    opts.num_warps = Some(32);
+    opts.min_blocks_per_sm = Some(3);
+    let err = compile(&file, &opts).unwrap_err();
+    assert_eq!(err.0[0].code, ErrorCode::TargetLimit);
+    let rendered = err.render(&file);
+    assert!(rendered.contains('^'), "{rendered}");
+    insta::assert_snapshot!("diag_min_blocks_too_many_threads", rendered);
+    // A bound that fits: `.minnctapersm` in the PTX and `__b2` in the entry name.
+    let mut opts = CompileOptions::new(Arch::Sm90a);
+    opts.num_warps = Some(16);
+    opts.min_blocks_per_sm = Some(2);
+    let k = compile(&file, &opts).unwrap();
+    assert!(
+        k.ptx.contains(".maxntid 512, 1, 1\n.minnctapersm 2\n"),
+        "{}",
+        k.ptx
+    );
+    assert!(k.entry.contains("__w16__b2"), "{}", k.entry);
+    assert!(
+        k.spec.key().contains(";min_blocks_per_sm=2;"),
+        "{}",
+        k.spec.key()
+    );
+}

@@ -31,13 +31,16 @@ pub struct Specialization {
     /// In declaration order.
     pub consts: Vec<(String, ConstArg)>,
     pub num_warps: u32,
+    /// Blocks per SM the registers must allow (`.minnctapersm`); `None`: no bound.
+    pub min_blocks_per_sm: Option<u32>,
     /// Per tensor parameter, in parameter order: (name, assumed alignment in bytes).
     pub tensor_align: Vec<(String, u32)>,
 }
 
 impl Specialization {
     /// The PTX entry name: the kernel name followed by each compile-time value, then the
-    /// warp count and any alignment below 16 bytes, e.g.
+    /// warp count, the blocks-per-SM bound if any (`__b2`) and any alignment below 16
+    /// bytes, e.g.
     /// `rmsnorm__T_bf16__BLOCK_1024__w4` or `vec_add__T_f32__w4__x_a4`.
     pub fn entry_name(&self) -> String {
         let mut s = self.kernel.clone();
@@ -49,6 +52,9 @@ impl Specialization {
             s.push_str(&format!("__{name}_{v}"));
         }
         s.push_str(&format!("__w{}", self.num_warps));
+        if let Some(b) = self.min_blocks_per_sm {
+            s.push_str(&format!("__b{b}"));
+        }
         for (name, align) in &self.tensor_align {
             if *align < 16 {
                 s.push_str(&format!("__{name}_a{align}"));
@@ -70,8 +76,12 @@ impl Specialization {
             .iter()
             .map(|(n, a)| format!("{n}:{a}"))
             .collect();
+        let blocks = match self.min_blocks_per_sm {
+            Some(b) => format!(";min_blocks_per_sm={b}"),
+            None => String::new(),
+        };
         format!(
-            "{}<{}>;warps={};align={}",
+            "{}<{}>;warps={}{blocks};align={}",
             self.kernel,
             consts.join(","),
             self.num_warps,

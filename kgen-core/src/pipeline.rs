@@ -21,6 +21,13 @@ pub struct CompileOptions {
     pub defines: Vec<(String, String)>,
     /// Warps per block; `None` lets the compiler choose from the tile sizes.
     pub num_warps: Option<u32>,
+    /// Blocks that must fit on one SM at once (CUDA's `__launch_bounds__` second
+    /// argument, PTX `.minnctapersm`): asks ptxas / the driver's JIT to keep registers
+    /// per thread within registers_per_sm / (threads x this), spilling if it must (check
+    /// `ptxas -v`). `None`: no bound (the JIT may use up to the single-block budget,
+    /// which can halve the blocks per SM a grid-stride launch counts on). The compiler's
+    /// own register estimate is still checked against the single-block budget.
+    pub min_blocks_per_sm: Option<u32>,
     /// Assumed alignment (bytes) per tensor parameter name; unnamed tensors assume 16.
     pub tensor_align: Vec<(String, u32)>,
 }
@@ -32,6 +39,7 @@ impl CompileOptions {
             kernel: None,
             defines: Vec::new(),
             num_warps: None,
+            min_blocks_per_sm: None,
             tensor_align: Vec::new(),
         }
     }

@@ -88,6 +88,8 @@ pub struct Target {
     pub default_shared_bytes_per_block: u32,
     pub max_registers_per_thread: u32,
     pub registers_per_sm: u32,
+    /// Resident threads per SM (all blocks together).
+    pub max_threads_per_sm: u32,
     pub warp_size: u32,
 }
 
@@ -112,6 +114,7 @@ impl Target {
                 default_shared_bytes_per_block: 48 * 1024,
                 max_registers_per_thread: 255,
                 registers_per_sm: 65536,
+                max_threads_per_sm: 2048,
                 warp_size: 32,
             },
             Arch::Sm90a => Target {
@@ -132,6 +135,7 @@ impl Target {
                 default_shared_bytes_per_block: 48 * 1024,
                 max_registers_per_thread: 255,
                 registers_per_sm: 65536,
+                max_threads_per_sm: 2048,
                 warp_size: 32,
             },
         }

@@ -116,8 +116,8 @@ pub fn spec_key(opts: &CompileOptions) -> String {
     let mut align = opts.tensor_align.clone();
     align.sort();
     format!(
-        "kernel={:?};defines={:?};warps={:?};align={:?}",
-        opts.kernel, defines, opts.num_warps, align
+        "kernel={:?};defines={:?};warps={:?};min_blocks_per_sm={:?};align={:?}",
+        opts.kernel, defines, opts.num_warps, opts.min_blocks_per_sm, align
     )
 }
 

@@ -560,6 +560,7 @@ fn axpy_kernel(arch: kgen_core::Arch) -> kgen_core::CompiledKernel {
             kernel: "axpy_test".into(),
             consts: vec![],
             num_warps: 4,
+            min_blocks_per_sm: None,
             tensor_align: vec![],
         },
     }

@@ -145,6 +145,7 @@ pub fn options(arch: Arch, spec: &SpecArgs) -> CompileOptions {
     o.kernel = spec.kernel.clone();
     o.defines = spec.defines.clone();
     o.num_warps = spec.warps;
+    o.min_blocks_per_sm = spec.min_blocks_per_sm;
     o.tensor_align = spec.aligns.clone();
     o
 }

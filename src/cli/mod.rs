@@ -70,6 +70,10 @@ struct SpecArgs {
     /// Warps per block (default: chosen by the compiler from the tile sizes).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=32))]
     warps: Option<u32>,
+    /// Blocks of this kernel that must fit on one SM at once (PTX `.minnctapersm`; caps
+    /// the registers per thread). Default: no bound.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=32))]
+    min_blocks_per_sm: Option<u32>,
     /// Alignment in bytes (1, 2, 4, 8 or 16) the kernel may assume for a tensor
     /// parameter; default 16. Repeatable.
     #[arg(long = "align", value_name = "TENSOR=BYTES", value_parser = common::parse_align)]

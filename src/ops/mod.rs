@@ -105,8 +105,22 @@ impl Ops {
         num_warps: Option<u32>,
         tensors: &[(&str, &Tensor)],
     ) -> Result<Arc<Kernel>, OpError> {
+        self.kernel_bounded(stem, name, defines, num_warps, None, tensors)
+    }
+
+    /// [`Ops::kernel`] compiled so that `min_blocks_per_sm` blocks fit on one SM
+    /// (registers capped accordingly; `None`: no bound).
+    pub fn kernel_bounded(
+        &self,
+        stem: &str,
+        name: &str,
+        defines: &[(&str, String)],
+        num_warps: Option<u32>,
+        min_blocks_per_sm: Option<u32>,
+        tensors: &[(&str, &Tensor)],
+    ) -> Result<Arc<Kernel>, OpError> {
         let align = alignments(tensors);
-        let mut key = format!("{stem}/{name}/{num_warps:?}");
+        let mut key = format!("{stem}/{name}/{num_warps:?}/{min_blocks_per_sm:?}");
         for (k, v) in defines {
             key.push_str(&format!("/{k}={v}"));
         }
@@ -129,6 +143,7 @@ impl Ops {
             opts = opts.define(k, v);
         }
         opts.num_warps = num_warps;
+        opts.min_blocks_per_sm = min_blocks_per_sm;
         opts.tensor_align = align;
         let k = self.device.kernel(&file, &opts)?;
         if let Ok(mut m) = self.kernels.lock() {

@@ -385,14 +385,20 @@ impl Ops {
         let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
         let key = format!("T={t},rows={rows},cols={cols}");
         self.launch_tuned("rmsnorm_bwd", &key, &labels, |i, timed| {
-            let BwdConfig { block, g, warps } = cfgs[i];
+            let BwdConfig {
+                block,
+                g,
+                warps,
+                min_blocks,
+            } = cfgs[i];
             let defs = [("T", t.to_string()), ("BLOCK", block.to_string())];
             let part = partial_all.narrow(0, 0, g)?;
-            let k = self.kernel(
+            let k = self.kernel_bounded(
                 "rmsnorm_bwd",
                 "rmsnorm_bwd",
                 &defs,
                 Some(warps),
+                min_blocks,
                 &[
                     ("x", &x2),
                     ("w", w),
@@ -433,7 +439,10 @@ impl Ops {
 
     /// Candidate configurations of the norm backward kernels, the default first.
     /// One-tile rows (BLOCK covers the row) with the default warps and G = k·SM,
-    /// k = max(2, 32 / warps) (about 32 resident warps per SM), then 2k·SM; for rows of
+    /// k = max(2, 32 / warps) (about 32 resident warps per SM), then 2k·SM, both compiled
+    /// for 2 resident blocks per SM (without the bound the driver's JIT gave
+    /// layernorm_bwd<4096> 78 registers at 16 warps, one block per SM: 230 us on an H100
+    /// vs 181 us with it); the first again without the bound; for rows of
     /// 2048 to 4096 also the two-pass path with BLOCK = half the row's (fewer registers,
     /// twice the blocks per SM; the second pass re-reads the row from L2). G ≤ rows.
     fn bwd_configs(&self, rows: usize, cols: usize) -> Vec<BwdConfig> {
@@ -442,21 +451,24 @@ impl Ops {
         let w = default_warps(block);
         let k = (32 / w as usize).max(2);
         let mut v: Vec<BwdConfig> = Vec::new();
-        let mut add = |block: usize, g: usize, warps: u32| {
+        let mut add = |block: usize, g: usize, warps: u32, bound: bool| {
+            let g = g.min(rows).max(1);
             let c = BwdConfig {
                 block,
-                g: g.min(rows).max(1),
+                g,
                 warps,
+                min_blocks: (bound && g >= 2 * sms).then_some(2),
             };
             if !v.contains(&c) {
                 v.push(c);
             }
         };
-        add(block, k * sms, w);
-        add(block, 2 * k * sms, w);
+        add(block, k * sms, w, true);
+        add(block, 2 * k * sms, w, true);
+        add(block, k * sms, w, false);
         if cols > MAX_ONE_TILE_BWD / 2 && cols <= MAX_ONE_TILE_BWD {
-            add(block / 2, 2 * k * sms, (w / 2).max(1));
-            add(block / 4, 4 * k * sms, (w / 4).max(1));
+            add(block / 2, 2 * k * sms, (w / 2).max(1), true);
+            add(block / 4, 4 * k * sms, (w / 4).max(1), true);
         }
         v
     }
@@ -594,14 +606,20 @@ impl Ops {
         let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
         let key = format!("T={t},rows={rows},cols={cols}");
         self.launch_tuned("layernorm_bwd", &key, &labels, |i, timed| {
-            let BwdConfig { block, g, warps } = cfgs[i];
+            let BwdConfig {
+                block,
+                g,
+                warps,
+                min_blocks,
+            } = cfgs[i];
             let defs = [("T", t.to_string()), ("BLOCK", block.to_string())];
             let (pw, pb) = (pw_all.narrow(0, 0, g)?, pb_all.narrow(0, 0, g)?);
-            let k = self.kernel(
+            let k = self.kernel_bounded(
                 "layernorm_bwd",
                 "layernorm_bwd",
                 &defs,
                 Some(warps),
+                min_blocks,
                 &[
                     ("x", &x2),
                     ("w", w),
@@ -649,17 +667,27 @@ impl Ops {
     }
 }
 
-/// One launch configuration of `rmsnorm_bwd` / `layernorm_bwd`.
+/// One launch configuration of `rmsnorm_bwd` / `layernorm_bwd`. `min_blocks`: compile
+/// for that many resident blocks per SM (`.minnctapersm`), which a grid of G >= 2·SM
+/// blocks walking the rows counts on.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct BwdConfig {
     block: usize,
     g: usize,
     warps: u32,
+    min_blocks: Option<u32>,
 }
 
 impl BwdConfig {
     fn label(&self) -> String {
-        format!("BLOCK={},G={},warps={}", self.block, self.g, self.warps)
+        let bound = match self.min_blocks {
+            Some(b) => format!(",min_blocks={b}"),
+            None => String::new(),
+        };
+        format!(
+            "BLOCK={},G={},warps={}{bound}",
+            self.block, self.g, self.warps
+        )
     }
 }
 

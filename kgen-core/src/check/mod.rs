@@ -154,6 +154,12 @@ pub fn lower_kernel(
         Some(w) => w,
         None => default_warps(c.max_tile),
     };
+    if opts.min_blocks_per_sm == Some(0) {
+        c.push(Diagnostic::unlocated(
+            ErrorCode::BadSpecialization,
+            "--min-blocks-per-sm 0: the bound must be at least 1 block".to_string(),
+        ));
+    }
     if !c.errors.is_empty() {
         return Err(Diagnostics(c.errors));
     }
@@ -161,6 +167,7 @@ pub fn lower_kernel(
         kernel: kernel.name.name.clone(),
         consts,
         num_warps,
+        min_blocks_per_sm: opts.min_blocks_per_sm,
         tensor_align,
     };
     c.func.name = spec.entry_name();

@@ -141,6 +141,8 @@ pub struct Module {
     pub entry: String,
     pub params: Vec<ParamDecl>,
     pub max_ntid: u32,
+    /// `.minnctapersm`: blocks per SM the register allocation must allow.
+    pub min_ctas_per_sm: Option<u32>,
     /// Highest register number used per class (index = `RegClass::index`).
     pub reg_counts: [u32; 6],
     pub shared: Option<SharedDecl>,

@@ -72,8 +72,25 @@ pub fn write(
         )));
     }
 
+    let min_blocks = spec.min_blocks_per_sm.unwrap_or(1).max(1);
+    if threads.saturating_mul(min_blocks) > target.max_threads_per_sm {
+        return Err(limit(
+            first_span,
+            format!(
+                "{min_blocks} blocks of {threads} threads per SM need {} threads; {} allows {} per SM",
+                threads.saturating_mul(min_blocks),
+                target.arch,
+                target.max_threads_per_sm
+            ),
+            "use fewer warps or a smaller --min-blocks-per-sm",
+        ));
+    }
+
     let asg = assign::assign(func, num_warps);
     let (regs, at) = assign::estimate_registers(func, &asg);
+    // The estimate is checked against one block's budget; a `min_blocks_per_sm` bound is
+    // ptxas's to meet (`.minnctapersm`, like `__launch_bounds__`), which spills rather
+    // than fails when it cannot: check `ptxas -v` for configurations that use one.
     let per_thread = (target.registers_per_sm / threads).min(target.max_registers_per_thread);
     let budget = REG_SOFT_LIMIT.min(per_thread.saturating_sub(REG_OVERHEAD));
     if regs > budget {
@@ -124,6 +141,7 @@ pub fn write(
             })
             .collect(),
         max_ntid: threads,
+        min_ctas_per_sm: spec.min_blocks_per_sm,
         reg_counts: lowered.reg_counts,
         shared,
         body: lowered.body,

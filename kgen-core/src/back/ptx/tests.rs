@@ -273,6 +273,7 @@ pub fn spec(name: &str, warps: u32) -> Specialization {
         kernel: name.into(),
         consts: vec![],
         num_warps: warps,
+        min_blocks_per_sm: None,
         tensor_align: vec![],
     }
 }

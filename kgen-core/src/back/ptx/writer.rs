@@ -97,6 +97,9 @@ impl fmt::Display for Module {
         }
         s.push_str(")\n");
         writeln!(s, ".maxntid {}, 1, 1", self.max_ntid)?;
+        if let Some(n) = self.min_ctas_per_sm {
+            writeln!(s, ".minnctapersm {n}")?;
+        }
         s.push_str("{\n");
         for class in RegClass::ALL {
             let n = self.reg_counts[class.index()];
