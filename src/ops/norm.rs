@@ -104,19 +104,13 @@ struct FwdConfig {
     rows_per_block: Option<usize>,
     block: usize,
     warps: u32,
-    /// Compile for this many resident blocks per SM (`.minnctapersm`); None: no bound.
-    min_blocks: Option<u32>,
 }
 
 impl FwdConfig {
     fn label(&self) -> String {
-        let bound = match self.min_blocks {
-            Some(b) => format!(",min_blocks={b}"),
-            None => String::new(),
-        };
         match self.rows_per_block {
-            None => format!("BLOCK={},warps={}{bound}", self.block, self.warps),
-            Some(r) => format!("ROWS={r},BLOCK={},warps={}{bound}", self.block, self.warps),
+            None => format!("BLOCK={},warps={}", self.block, self.warps),
+            Some(r) => format!("ROWS={r},BLOCK={},warps={}", self.block, self.warps),
         }
     }
 
@@ -170,7 +164,6 @@ fn fwd_configs(rows: usize, cols: usize, sms: usize) -> Vec<FwdConfig> {
                 rows_per_block: Some(r),
                 block,
                 warps,
-                min_blocks: None,
             };
             if !v.contains(&c) {
                 v.push(c);
@@ -186,7 +179,6 @@ fn fwd_configs(rows: usize, cols: usize, sms: usize) -> Vec<FwdConfig> {
                     rows_per_block: Some(r),
                     block: cols,
                     warps,
-                    min_blocks: None,
                 };
                 if r >= 2 && !v.contains(&c) {
                     v.push(c);
@@ -201,7 +193,6 @@ fn fwd_configs(rows: usize, cols: usize, sms: usize) -> Vec<FwdConfig> {
                 rows_per_block: None,
                 block,
                 warps,
-                min_blocks: None,
             }),
     );
     // Longer one-tile rows: two rows per [2, BLOCK] tile (w, and b, read once per two
@@ -217,29 +208,12 @@ fn fwd_configs(rows: usize, cols: usize, sms: usize) -> Vec<FwdConfig> {
                 rows_per_block: Some(2),
                 block,
                 warps: (2 * block / (32 * per_thread)).clamp(1, 16) as u32,
-                min_blocks: None,
             };
             if !v.contains(&c) {
                 v.push(c);
             }
         }
     }
-    // Each with at most 32 elements per thread again, compiled for 32 resident warps per
-    // SM (at most 64 registers a thread; ptxas spills tiles of 64 elements per thread
-    // under that bound): without the bound the driver's JIT gave layernorm<4096> at 4
-    // warps 80 registers (6 blocks, 24 warps per SM) and rmsnorm_rows<4, 1024> at 2
-    // warps 105 (8 blocks, 16 warps per SM) on an H100.
-    let bounded: Vec<FwdConfig> = v
-        .iter()
-        .filter(|c| {
-            c.warps < 16 && c.rows_per_block.unwrap_or(1) * c.block <= 32 * 32 * c.warps as usize
-        })
-        .map(|c| FwdConfig {
-            min_blocks: Some(32 / c.warps),
-            ..*c
-        })
-        .collect();
-    v.extend(bounded);
     v
 }
 
@@ -347,12 +321,11 @@ impl Ops {
             &labels,
             |i, timed| {
                 let c = cfgs[i];
-                let k = self.kernel_bounded(
+                let k = self.kernel(
                     OP,
                     c.kernel_name(OP, ROWS_OP),
                     &c.defines(t),
                     Some(c.warps),
-                    c.min_blocks,
                     &[("x", &x2), ("w", w), ("y", &y2), ("rstd", rstd)],
                 )?;
                 let args = [
@@ -551,12 +524,11 @@ impl Ops {
             &labels,
             |i, timed| {
                 let c = cfgs[i];
-                let k = self.kernel_bounded(
+                let k = self.kernel(
                     OP,
                     c.kernel_name(OP, ROWS_OP),
                     &c.defines(t),
                     Some(c.warps),
-                    c.min_blocks,
                     &[
                         ("x", &x2),
                         ("w", w),
@@ -919,12 +891,6 @@ mod tests {
                 "ROWS=2,BLOCK=768,warps=2",
                 "BLOCK=1024,warps=1",
                 "BLOCK=1024,warps=2",
-                "ROWS=2,BLOCK=1024,warps=2,min_blocks=16",
-                "ROWS=4,BLOCK=1024,warps=4,min_blocks=8",
-                "ROWS=4,BLOCK=768,warps=4,min_blocks=8",
-                "ROWS=2,BLOCK=768,warps=2,min_blocks=16",
-                "BLOCK=1024,warps=1,min_blocks=32",
-                "BLOCK=1024,warps=2,min_blocks=16",
             ]
         );
         // Few rows, or rows longer than one 4096 tile: one row per block only.
@@ -944,9 +910,6 @@ mod tests {
                 "BLOCK=4096,warps=2",
                 "ROWS=2,BLOCK=4096,warps=16",
                 "ROWS=2,BLOCK=4096,warps=8",
-                "BLOCK=4096,warps=4,min_blocks=8",
-                "BLOCK=4096,warps=8,min_blocks=4",
-                "ROWS=2,BLOCK=4096,warps=8,min_blocks=4",
             ]
         );
         // Tiny rows: ROWS capped so that every SM gets at least two blocks.
