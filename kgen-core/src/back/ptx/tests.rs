@@ -883,12 +883,19 @@ kernel mix(x: tensor<bf16, 2, contiguous>, w: tensor<bf16, 1, contiguous>, y: te
     }
 }
 "#;
-    let file = crate::SourceFile::new("mix.kg", src);
+    compile_source_sm90a(src, 16, "broadcast_small_tile");
+}
+
+/// Compiles a `.kg` source for sm_90a with `warps` warps, assembles it with ptxas when
+/// there is one, and returns the PTX (panics with the rendered diagnostics otherwise).
+fn compile_source_sm90a(src: &str, warps: u32, name: &str) -> String {
+    let file = crate::SourceFile::new(format!("{name}.kg"), src);
     let mut opts = crate::CompileOptions::new(Arch::Sm90a);
-    opts.num_warps = Some(16);
+    opts.num_warps = Some(warps);
     match crate::compile(&file, &opts) {
         Ok(k) => {
-            assemble(&k.ptx, "sm_90a", "broadcast_small_tile");
+            assemble(&k.ptx, "sm_90a", name);
+            k.ptx
         }
         Err(d) => panic!("{}", d.render(&file)),
     }
@@ -900,18 +907,7 @@ kernel mix(x: tensor<bf16, 2, contiguous>, w: tensor<bf16, 1, contiguous>, y: te
 /// (the interpreter and the GPU self-test check the kernels that batch).
 #[test]
 fn ready_cross_warp_reductions_share_one_exchange() {
-    let compile = |src: &str| -> String {
-        let file = crate::SourceFile::new("two.kg", src);
-        let mut opts = crate::CompileOptions::new(Arch::Sm90a);
-        opts.num_warps = Some(8);
-        match crate::compile(&file, &opts) {
-            Ok(k) => {
-                assemble(&k.ptx, "sm_90a", "two_sums");
-                k.ptx
-            }
-            Err(d) => panic!("{}", d.render(&file)),
-        }
-    };
+    let compile = |src: &str| compile_source_sm90a(src, 8, "two_sums");
     let batched = compile(
         r#"
 kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
