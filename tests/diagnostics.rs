@@ -137,3 +137,28 @@ fn bad_min_blocks_per_sm_is_reported() {
         k.spec.key()
     );
 }
+
+#[test]
+fn cluster_gather_needs_sm90a_and_a_whole_number_of_clusters() {
+    let file = SourceFile::new(
+        "cluster.kg",
+        "kernel k(x: tensor<f32, 1>, y: tensor<f32, 1>) {\n    let m = max(load(x, [bid(0)], [256]), 0);\n    let all = cluster_gather(m, 4);\n    store(y, [bid(0)], full([1], max(all, 0)));\n}\n",
+    );
+    // sm_80 has no thread-block clusters: an Unsupported diagnostic at the gather.
+    let err = compile(&file, &CompileOptions::new(Arch::Sm80)).unwrap_err();
+    assert_eq!(err.0[0].code, ErrorCode::Unsupported);
+    insta::assert_snapshot!("diag_cluster_gather_sm80", err.render(&file));
+    // sm_90a: the entry declares its cluster shape and the launch hints carry it.
+    let k = compile(&file, &CompileOptions::new(Arch::Sm90a)).unwrap();
+    assert!(k.ptx.contains(".reqnctapercluster 4, 1, 1\n"), "{}", k.ptx);
+    assert!(k.ptx.contains("mapa.shared::cluster.u32"), "{}", k.ptx);
+    assert_eq!(k.launch.cluster_size, 4);
+    // A kernel without clusters launches as before.
+    let plain = SourceFile::new(
+        "plain.kg",
+        "kernel k(x: tensor<f32, 1>) { let i = bid(0); store(x, [i], load(x, [i], [256])); }",
+    );
+    let k = compile(&plain, &CompileOptions::new(Arch::Sm90a)).unwrap();
+    assert_eq!(k.launch.cluster_size, 1);
+    assert!(!k.ptx.contains("cluster"), "{}", k.ptx);
+}

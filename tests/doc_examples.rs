@@ -101,7 +101,16 @@ fn language_md_examples_compile_assemble_and_run() {
             );
             continue;
         }
+        // `// target: sm_90a`: the example needs Hopper features; sm_80 must refuse it
+        // with a located Unsupported error.
+        let sm90_only = text.lines().any(|l| l.trim() == "// target: sm_90a");
         for arch in Arch::ALL {
+            if sm90_only && arch == Arch::Sm80 {
+                let err = compile(&file, &CompileOptions::new(arch))
+                    .expect_err(&format!("example at line {line} needs sm_90a"));
+                assert_eq!(err.0[0].code, kgen_core::ErrorCode::Unsupported);
+                continue;
+            }
             let k = compile(&file, &CompileOptions::new(arch))
                 .unwrap_or_else(|d| panic!("example at line {line}:\n{}", d.render(&file)));
             if let Some(p) = &ptxas {

@@ -118,7 +118,7 @@ fn bundled_kernels_compile_with_defaults_for_both_targets() {
             format!("kernels-src/{stem}.kg"),
             cases::kernel_source(stem).expect("bundled"),
         );
-        for arch in Arch::ALL {
+        for arch in kgen_core::source_targets(&src.text) {
             let opts = CompileOptions::new(arch).kernel(name);
             match compile(&src, &opts) {
                 Ok(k) => assert!(!k.ptx.is_empty()),

@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 # Each step has a time limit (seconds; a device command may run 10 minutes in all).
-timeout "${SELFTEST_TIMEOUT:-150}" "$BIN" selftest --gpu --full ${SELFTEST_ARGS:-} >"$OUT/selftest.log" 2>&1
+timeout "${SELFTEST_TIMEOUT:-260}" "$BIN" selftest --gpu --full ${SELFTEST_ARGS:-} >"$OUT/selftest.log" 2>&1
 selftest_rc=$?
 timeout "${MEMCHECK_TIMEOUT:-200}" compute-sanitizer --tool memcheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/memcheck.log" 2>&1
 memcheck_rc=$?

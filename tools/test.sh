@@ -47,8 +47,20 @@ for f in kernels-src/*.kg; do
     echo "error: no kernel found in $f" >&2
     exit 1
   fi
+  # `// target: sm_90a` at the top: a Hopper-only file (sm_80 must refuse it).
+  archs="sm_80 sm_90a"
+  if grep -qE '^// target: sm_90a' "$f"; then
+    archs="sm_90a"
+    for k in $kernels; do
+      if "$kgen" compile "$f" --kernel "$k" --arch sm_80 >/dev/null 2>"$log"; then
+        echo "FAIL $f $k sm_80: compiled, but the file is for sm_90a only" >&2
+        exit 1
+      fi
+      grep -q "E0802" "$log" || { echo "FAIL $f $k sm_80: not an Unsupported error" >&2; cat "$log" >&2; exit 1; }
+    done
+  fi
   for k in $kernels; do
-    for arch in sm_80 sm_90a; do
+    for arch in $archs; do
       if ! "$kgen" compile "$f" --kernel "$k" --arch "$arch" \
            | "$KGEN_PTXAS" -arch="$arch" -v /dev/stdin -o /dev/null >"$log" 2>&1; then
         echo "FAIL $f $k $arch" >&2

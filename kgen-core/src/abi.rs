@@ -153,6 +153,9 @@ pub struct LaunchHints {
     pub dynamic_shared_bytes: u32,
     /// Number of grid axes the kernel reads (`bid(axis)` with the largest axis + 1).
     pub grid_rank: u8,
+    /// Blocks per thread-block cluster along grid axis 0 (`.reqnctapercluster`); 1 when
+    /// the kernel uses no clusters. The grid's axis 0 must be a multiple of it.
+    pub cluster_size: u32,
 }
 
 /// The result of compiling one specialization of one kernel for one arch.

@@ -39,7 +39,7 @@ pub use abi::{CompiledKernel, ConstArg, KernelAbi, LaunchHints, Specialization};
 pub use diag::{Diagnostic, Diagnostics, ErrorCode};
 pub use pipeline::{compile, compile_to_ir, CompileOptions};
 pub use span::{SourceFile, Span};
-pub use target::{Arch, Target};
+pub use target::{source_targets, Arch, Target};
 pub use types::{DType, Shape};
 
 /// The compiler version, part of every cache key.

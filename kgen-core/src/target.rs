@@ -146,3 +146,42 @@ impl Target {
         self.arch.name()
     }
 }
+
+/// The targets a `.kg` source is written for: every arch, or only those named on
+/// `// target: <arch>` lines among its leading comment lines (for kernels that use
+/// sm_90a-only features such as `cluster_gather`; the other targets reject them with an
+/// `Unsupported` diagnostic). Tools that compile every bundled kernel for every target
+/// skip the others.
+pub fn source_targets(text: &str) -> Vec<Arch> {
+    let named: Vec<Arch> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| l.starts_with("//") || l.is_empty())
+        .filter_map(|l| l.strip_prefix("// target:"))
+        .filter_map(|a| a.trim().parse().ok())
+        .collect();
+    if named.is_empty() {
+        Arch::ALL.to_vec()
+    } else {
+        named
+    }
+}
+
+#[cfg(test)]
+mod source_target_tests {
+    use super::*;
+
+    #[test]
+    fn target_lines_restrict_the_arches() {
+        assert_eq!(source_targets("kernel k() {}"), Arch::ALL.to_vec());
+        assert_eq!(
+            source_targets("// target: sm_90a\n// a note\nkernel k() {}"),
+            vec![Arch::Sm90a]
+        );
+        // Only leading comments count.
+        assert_eq!(
+            source_targets("kernel k() {}\n// target: sm_90a\n"),
+            Arch::ALL.to_vec()
+        );
+    }
+}

@@ -84,6 +84,8 @@ pub struct Shape(pub Vec<u32>);
 
 /// The largest tile rank the compiler accepts.
 pub const MAX_TILE_RANK: usize = 3;
+/// The largest thread-block cluster `cluster_gather` accepts (the portable limit on sm_90).
+pub const MAX_CLUSTER_SIZE: u32 = 8;
 /// The largest number of elements in one tile.
 pub const MAX_TILE_ELEMENTS: u64 = 1 << 20;
 /// The largest tensor rank the compiler accepts.

@@ -59,6 +59,19 @@ impl From<bool> for Arg<'_> {
     }
 }
 
+/// Refuses a grid whose axis 0 is not a whole number of the kernel's clusters (the
+/// driver would fail the launch with a less helpful error).
+pub fn check_cluster_grid(k: &Kernel, grid: [u32; 3]) -> Result<(), RuntimeError> {
+    let c = k.compiled.launch.cluster_size.max(1);
+    if !grid[0].is_multiple_of(c) {
+        return Err(RuntimeError::LaunchConfig(format!(
+            "kernel `{}` runs in clusters of {c} blocks: grid axis 0 ({}) must be a multiple of {c}",
+            k.compiled.entry, grid[0]
+        )));
+    }
+    Ok(())
+}
+
 /// A grid of `cdiv(n, block)` blocks along x (at least one dimension check).
 pub fn grid_1d(n: usize, block: usize) -> Result<[u32; 3], RuntimeError> {
     if block == 0 {
@@ -344,6 +357,7 @@ impl Device {
         }
         check_args(self, k, args)?;
         crate::gpu::check_grid(grid)?;
+        check_cluster_grid(k, grid)?;
         if grid.contains(&0) {
             return Ok(());
         }
@@ -480,6 +494,7 @@ impl PackedLaunch {
         }
         check_args(device, k, args)?;
         crate::gpu::check_grid(grid)?;
+        check_cluster_grid(k, grid)?;
         let Exec::Cuda(loaded) = &k.exec else {
             return Err(RuntimeError::LaunchConfig(
                 "a packed launch needs a GPU kernel".into(),

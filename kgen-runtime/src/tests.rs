@@ -555,6 +555,7 @@ fn axpy_kernel(arch: kgen_core::Arch) -> kgen_core::CompiledKernel {
             static_shared_bytes: 0,
             dynamic_shared_bytes: 0,
             grid_rank: 1,
+            cluster_size: 1,
         },
         spec: Specialization {
             kernel: "axpy_test".into(),

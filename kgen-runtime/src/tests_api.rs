@@ -263,6 +263,23 @@ fn every_argument_error_is_typed() {
     ));
     assert!(grid_2d(10, 1, 1 << 30, 1).is_err());
     assert!(grid_1d(10, 0).is_err());
+    // A cluster kernel on a grid that is not a whole number of its clusters.
+    let cl = SourceFile::new(
+        "cluster.kg",
+        "kernel k(x: tensor<f32, 1>, y: tensor<f32, 1>) {\n    let m = sum(load(x, [bid(0)], [64]), 0);\n    store(y, [bid(0)], full([1], sum(cluster_gather(m, 4), 0)));\n}\n",
+    );
+    let ck = d.kernel(&cl, &CompileOptions::new(d.arch())).unwrap();
+    assert_eq!(ck.compiled().launch.cluster_size, 4);
+    let cx = d.from_f64(DType::F32, &[6 * 64], &vals(6 * 64, 3)).unwrap();
+    let cy = d.zeros(DType::F32, &[6]).unwrap();
+    match d.launch(&s, &ck, [6, 1, 1], &[(&cx).into(), (&cy).into()]) {
+        Err(RuntimeError::LaunchConfig(m)) => {
+            assert!(m.contains("clusters of 4 blocks"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    d.launch(&s, &ck, [4, 1, 1], &[(&cx).into(), (&cy).into()])
+        .unwrap();
     // A kernel that does not compile: rendered diagnostics.
     let bad = SourceFile::new(
         "bad.kg",

@@ -804,6 +804,9 @@ pub struct CompileTime {
 pub fn compile_times(arch: Arch, reps: usize) -> Vec<CompileTime> {
     let mut out = Vec::new();
     for (stem, text) in crate::bundled::sources() {
+        if !kgen_core::source_targets(text).contains(&arch) {
+            continue;
+        }
         let file = SourceFile::new(format!("kernels-src/{stem}.kg"), *text);
         let names: Vec<String> = match front::parse(&file) {
             Ok(m) => m.kernels.iter().map(|k| k.name.name.clone()).collect(),

@@ -94,6 +94,32 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             ignore_index: 2,
             ..CeSpec::new(F32, I32, 40, 7, 4096)
         },
+        // The cluster kernels: vocab 1000 over 4 blocks of 2 tiles of 128, a persistent
+        // grid (3 clusters over 10 rows), a block whose tiles are all padding (7
+        // classes over 2 blocks), in place, 8 blocks per row, a non-power-of-two tile.
+        CeSpec {
+            cluster: Some((4, 2)),
+            ..CeSpec::new(F32, I64, 9, 1000, 128)
+        },
+        CeSpec {
+            cluster: Some((4, 2)),
+            grid: Some(12),
+            ..CeSpec::new(BF16, I64, 10, 1000, 128)
+        },
+        CeSpec {
+            cluster: Some((2, 1)),
+            ..CeSpec::new(BF16, I32, 13, 7, 256)
+        },
+        CeSpec {
+            cluster: Some((8, 3)),
+            in_place: true,
+            ..CeSpec::new(F16, I64, 7, 4097, 256)
+        },
+        CeSpec {
+            cluster: Some((8, 1)),
+            logit_scale: 15.0,
+            ..CeSpec::new(BF16, I64, 5, 4097, 520)
+        },
     ];
     for s in &ce_quick {
         v.push(s.case(seed));
@@ -136,6 +162,28 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             CeSpec {
                 in_place: true,
                 ..CeSpec::new(F32, I32, 1000, 1000, 1024)
+            },
+            CeSpec {
+                cluster: Some((8, 7)),
+                ..CeSpec::new(BF16, I64, 64, 50257, 1024)
+            },
+            CeSpec {
+                cluster: Some((8, 7)),
+                grid: Some(8 * 5),
+                ..CeSpec::new(BF16, I64, 64, 50257, 1024)
+            },
+            CeSpec {
+                cluster: Some((8, 4)),
+                in_place: true,
+                ..CeSpec::new(BF16, I32, 64, 50257, 2048)
+            },
+            CeSpec {
+                cluster: Some((4, 13)),
+                ..CeSpec::new(F32, I64, 16, 50257, 1024)
+            },
+            CeSpec {
+                cluster: Some((8, 16)),
+                ..CeSpec::new(BF16, I32, 8, 128_256, 1024)
             },
         ];
         for s in &ce_full {
@@ -392,6 +440,9 @@ pub struct CeSpec {
     pub target_zero: bool,
     /// Blocks of the grid-stride row loop (None: one block per row).
     pub grid: Option<usize>,
+    /// `Some((C, PARTS))`: the `cross_entropy_cluster` kernels (C blocks per row, each
+    /// with PARTS tiles; sm_90a).
+    pub cluster: Option<(usize, usize)>,
 }
 
 impl CeSpec {
@@ -407,20 +458,30 @@ impl CeSpec {
             in_place: false,
             target_zero: false,
             grid: None,
+            cluster: None,
+        }
+    }
+
+    /// The kernel this spec runs.
+    fn kernel_name(&self) -> &'static str {
+        match (self.cluster.is_some(), self.in_place) {
+            (true, true) => "cross_entropy_cluster_inplace",
+            (true, false) => "cross_entropy_cluster",
+            (false, true) => "cross_entropy_inplace",
+            (false, false) => "cross_entropy",
         }
     }
 
     fn label(&self, what: &str) -> String {
         format!(
-            "{} T={} I={} BLOCK={} rows={} V={} ignore={} scale={}{}{}",
-            if self.in_place {
-                "cross_entropy_inplace"
-            } else {
-                "cross_entropy"
-            },
+            "{} T={} I={} BLOCK={}{} rows={} V={} ignore={} scale={}{}{}",
+            self.kernel_name(),
             self.dtype,
             self.index,
             self.block,
+            self.cluster
+                .map(|(c, p)| format!(" PARTS={p} CLUSTER={c}"))
+                .unwrap_or_default(),
             self.rows,
             self.vocab,
             self.ignore_index,
@@ -480,7 +541,7 @@ impl CeSpec {
             (
                 &["logits", "targets", "stats", "loss", "ignore_index"],
                 vec![3, 0],
-                "cross_entropy_inplace",
+                self.kernel_name(),
             )
         } else {
             args.push(ArgValue::Tensor(poisoned(dtype, &[rows, vocab])));
@@ -494,7 +555,7 @@ impl CeSpec {
                     "ignore_index",
                 ],
                 vec![3, 4],
-                "cross_entropy",
+                self.kernel_name(),
             )
         };
         args.push(index_scalar(index, self.ignore_index));
@@ -509,16 +570,30 @@ impl CeSpec {
             abs: 1e-12,
         };
         Case {
-            kernel: "cross_entropy",
+            kernel: if self.cluster.is_some() {
+                "cross_entropy_cluster"
+            } else {
+                "cross_entropy"
+            },
             kernel_name: Some(kernel_name),
             label,
-            defines: defines(&[
-                ("T", dtype.to_string()),
-                ("I", index.to_string()),
-                ("BLOCK", self.block.to_string()),
-            ]),
+            defines: {
+                let mut d = vec![
+                    ("T", dtype.to_string()),
+                    ("I", index.to_string()),
+                    ("BLOCK", self.block.to_string()),
+                ];
+                if let Some((c, p)) = self.cluster {
+                    d.push(("PARTS", p.to_string()));
+                    d.push(("CLUSTER", c.to_string()));
+                }
+                defines(&d)
+            },
             tensor_align: aligns(names, &args),
-            grid: [self.grid.unwrap_or(rows) as u32, 1, 1],
+            grid: match self.cluster {
+                Some((c, _)) => [self.grid.unwrap_or(rows * c) as u32, 1, 1],
+                None => [self.grid.unwrap_or(rows) as u32, 1, 1],
+            },
             args,
             outputs,
             reference: Box::new(move |args| {

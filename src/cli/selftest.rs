@@ -96,6 +96,13 @@ fn compile_case(
 
 fn run_case(case: &Case, arch: Arch, gpu: Option<&Gpu>, cache: &mut Cache) -> Row {
     let mut row = Row::new();
+    let needs_clusters = case.kernel_name.is_some_and(|k| k.contains("_cluster"));
+    if needs_clusters && !arch.target().caps.clusters {
+        row.problems.push(format!(
+            "note: skipped on {arch} (thread-block clusters need sm_90a)"
+        ));
+        return row;
+    }
     let compiled = compile_case(case, arch, gpu, cache);
     let c = match compiled.as_ref() {
         Ok(c) => c,

@@ -74,33 +74,90 @@ fn warp_candidates(elems: usize) -> Vec<u32> {
     v
 }
 
-/// (BLOCK, warps, G) candidates of the cross-entropy row kernel for `rows` rows of
-/// `vocab` logits, the default first; G (the grid of the kernel's grid-stride row loop)
-/// is `rows`, a block per row. Persistent grids that bound the rows in flight so that
-/// pass 2's re-reads stay in L2 were measured slower on an H100 (bf16 8192 x 50257:
-/// G = rows 832-887 us, G = 166 1124 us, G = 132 1035 us; 4096 x 128256: G = rows
-/// 1087 us, G = 66 2185 us): fewer rows in flight starve the memory system more than
-/// the L2 misses cost. `kgen bench` keeps such numbers in docs/PERFORMANCE.md.
-fn ce_configs(rows: usize, vocab: usize) -> Vec<CeConfig> {
+/// Rows longer than this take the cluster kernel where there are clusters.
+const CE_CLUSTER_MIN_VOCAB: usize = 8192;
+/// (BLOCK, warps, CLUSTER) candidates of the cluster kernel.
+const CE_CLUSTER_CONFIGS: [(usize, u32, usize); 2] = [(1024, 4, 8), (2048, 8, 8)];
+
+/// Cross-entropy row-kernel candidates for `rows` rows of `vocab` logits, the default
+/// first.
+///
+/// First the two-pass kernel, one block per row (G = rows for its grid-stride row loop).
+/// Persistent grids that bound the rows in flight so that pass 2's re-reads stay in L2
+/// were measured slower on an H100 (bf16 8192 x 50257: G = rows 832-887 us, G = 166
+/// 1124 us, G = 132 1035 us; 4096 x 128256: G = rows 1087 us, G = 66 2185 us): fewer
+/// rows in flight starve the memory system more than the L2 misses cost.
+///
+/// Then, with thread-block clusters (sm_90a) and rows longer than CE_CLUSTER_MIN_VOCAB,
+/// the `cross_entropy_cluster` kernel (a row split over a cluster, so that pass 2
+/// re-reads from L1/L2), a cluster per row. On an H100 it measured 956-1300 us at
+/// 8192 x 50257 and 1118-1940 us at 4096 x 128256 (issue-bound: 2-byte accesses, as
+/// odd rows allow no vectors, with per-element masks), so the two-pass kernel stays
+/// the default and the tuner decides per shape. `kgen bench` keeps such numbers in
+/// docs/PERFORMANCE.md.
+fn ce_configs(rows: usize, vocab: usize, clusters: bool) -> Vec<CeConfig> {
     let p = vocab.next_power_of_two().max(32);
-    let g = rows.max(1);
     if p <= 2048 {
-        return warp_candidates(p).into_iter().map(|w| (p, w, g)).collect();
+        return warp_candidates(p)
+            .into_iter()
+            .map(|w| CeConfig::two_pass(p, w, rows))
+            .collect();
     }
-    CE_CONFIGS
+    let mut out: Vec<CeConfig> = CE_CONFIGS
         .iter()
         .filter(|&&(b, _)| b <= p.max(4096))
-        .map(|&(b, w)| (b, w, g))
-        .collect()
+        .map(|&(b, w)| CeConfig::two_pass(b, w, rows))
+        .collect();
+    if clusters && vocab > CE_CLUSTER_MIN_VOCAB {
+        for (block, warps, cluster) in CE_CLUSTER_CONFIGS {
+            out.push(CeConfig {
+                block,
+                warps,
+                blocks: rows.saturating_mul(cluster).max(1),
+                cluster,
+                parts: vocab.div_ceil(block).div_ceil(cluster),
+            });
+        }
+    }
+    out
 }
 
-/// (BLOCK, warps, G) of one cross-entropy row-kernel launch.
-type CeConfig = (usize, u32, usize);
+/// One cross-entropy row-kernel launch: tile, warps, grid (blocks along x), cluster
+/// size (1: the two-pass kernel) and tiles per block of the cluster kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CeConfig {
+    block: usize,
+    warps: u32,
+    blocks: usize,
+    cluster: usize,
+    parts: usize,
+}
+
+impl CeConfig {
+    fn two_pass(block: usize, warps: u32, rows: usize) -> CeConfig {
+        CeConfig {
+            block,
+            warps,
+            blocks: rows.max(1),
+            cluster: 1,
+            parts: 1,
+        }
+    }
+}
 
 fn config_labels(configs: &[CeConfig]) -> Vec<String> {
     configs
         .iter()
-        .map(|(b, w, g)| format!("BLOCK={b},warps={w},G={g}"))
+        .map(|c| {
+            if c.cluster > 1 {
+                format!(
+                    "BLOCK={},PARTS={},warps={},CLUSTER={}",
+                    c.block, c.parts, c.warps, c.cluster
+                )
+            } else {
+                format!("BLOCK={},warps={},G={}", c.block, c.warps, c.blocks)
+            }
+        })
         .collect()
 }
 
@@ -383,43 +440,43 @@ impl Ops {
 
         // 2. Per-row loss and gradient.
         if rows > 0 {
-            let configs = ce_configs(rows, vocab);
+            let clusters = self.device().arch().target().caps.clusters;
+            let configs = ce_configs(rows, vocab, clusters);
             let labels = config_labels(&configs);
             let shape_key = format!("T={t},I={idx},rows={rows},V={vocab}");
             let row_kernel = |i: usize| {
-                let (block, warps, _) = configs[i];
-                let defines = [
+                let c = configs[i];
+                let mut defines = vec![
                     ("T", t.to_string()),
                     ("I", idx.to_string()),
-                    ("BLOCK", block.to_string()),
+                    ("BLOCK", c.block.to_string()),
                 ];
-                match &dx2 {
-                    Some(dx) => self.kernel(
-                        "cross_entropy",
-                        "cross_entropy",
-                        &defines,
-                        Some(warps),
-                        &[
-                            ("logits", &x2),
-                            ("targets", &tg),
-                            ("stats", stats),
-                            ("loss", row_loss),
-                            ("dlogits", dx),
-                        ],
-                    ),
-                    None => self.kernel(
-                        "cross_entropy",
-                        "cross_entropy_inplace",
-                        &defines,
-                        Some(warps),
-                        &[
-                            ("logits", &x2),
-                            ("targets", &tg),
-                            ("stats", stats),
-                            ("loss", row_loss),
-                        ],
-                    ),
+                let clustered = c.cluster > 1;
+                if clustered {
+                    defines.push(("PARTS", c.parts.to_string()));
+                    defines.push(("CLUSTER", c.cluster.to_string()));
                 }
+                let name = match (clustered, dx2.is_some()) {
+                    (true, true) => "cross_entropy_cluster",
+                    (true, false) => "cross_entropy_cluster_inplace",
+                    (false, true) => "cross_entropy",
+                    (false, false) => "cross_entropy_inplace",
+                };
+                let mut tensors = vec![
+                    ("logits", &x2),
+                    ("targets", &tg),
+                    ("stats", stats),
+                    ("loss", row_loss),
+                ];
+                if let Some(dx) = &dx2 {
+                    tensors.push(("dlogits", dx));
+                }
+                let stem = if clustered {
+                    "cross_entropy_cluster"
+                } else {
+                    "cross_entropy"
+                };
+                self.kernel(stem, name, &defines, Some(c.warps), &tensors)
             };
             match &dx2 {
                 Some(dx) => {
@@ -432,7 +489,7 @@ impl Ops {
                         ignore,
                     ];
                     self.launch_tuned("cross_entropy", &shape_key, &labels, |i, timed| {
-                        let grid = grid_x(configs[i].2)?;
+                        let grid = grid_x(configs[i].blocks)?;
                         self.launch_maybe_timed(&*row_kernel(i)?, grid, &args, timed)
                     })?;
                 }
@@ -452,7 +509,7 @@ impl Ops {
                         Arg::from(row_loss),
                         ignore,
                     ];
-                    self.launch(&*row_kernel(i)?, grid_x(configs[i].2)?, &args)?;
+                    self.launch(&*row_kernel(i)?, grid_x(configs[i].blocks)?, &args)?;
                 }
             }
         }
@@ -594,21 +651,35 @@ mod tests {
 
     #[test]
     fn configs_cover_the_row() {
-        for v in [1usize, 7, 1000, 2048, 4097, 50257, 128256] {
-            for rows in [1usize, 7, 8192] {
-                let c = ce_configs(rows, v);
-                assert!(!c.is_empty(), "V={v}");
-                assert!(
-                    c.iter().all(|&(b, w, g)| b >= 32
-                        && (1..=16).contains(&w)
-                        && (1..=rows).contains(&g)),
-                    "V={v}: {c:?}"
-                );
+        for clusters in [false, true] {
+            for v in [1usize, 7, 1000, 2048, 4097, 8193, 50257, 128256] {
+                for rows in [1usize, 7, 8192] {
+                    let c = ce_configs(rows, v, clusters);
+                    assert!(!c.is_empty(), "V={v}");
+                    for c in &c {
+                        assert!(c.block >= 32 && (1..=16).contains(&c.warps), "{c:?}");
+                        if c.cluster == 1 {
+                            assert!((1..=rows).contains(&c.blocks), "V={v}: {c:?}");
+                        } else {
+                            assert!(clusters && v > CE_CLUSTER_MIN_VOCAB, "{c:?}");
+                            assert_eq!(c.blocks, rows * c.cluster);
+                            // The cluster's tiles cover the row.
+                            assert!(c.cluster * c.parts * c.block >= v, "V={v}: {c:?}");
+                        }
+                    }
+                }
             }
         }
-        assert_eq!(ce_configs(3, 7)[0], (32, 1, 3));
-        assert_eq!(ce_configs(3, 1000)[0].0, 1024);
-        assert_eq!(ce_configs(8192, 50257)[0], (4096, 16, 8192));
+        assert_eq!(ce_configs(3, 7, true)[0], CeConfig::two_pass(32, 1, 3));
+        assert_eq!(ce_configs(3, 1000, true)[0].block, 1024);
+        assert_eq!(
+            ce_configs(8192, 50257, true)[0],
+            CeConfig::two_pass(4096, 16, 8192)
+        );
+        let cl = ce_configs(8192, 50257, true);
+        assert!(cl
+            .iter()
+            .any(|c| c.cluster == 8 && c.parts == 7 && c.block == 1024));
         assert_eq!(softmax_block(4097), 8192);
         assert_eq!(softmax_block(8193), 4096);
     }

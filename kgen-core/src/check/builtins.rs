@@ -15,7 +15,7 @@ use crate::diag::{Diagnostic, ErrorCode};
 use crate::front::ast;
 use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::span::Span;
-use crate::types::{DType, Shape, ValueType, MAX_TILE_ELEMENTS};
+use crate::types::{DType, Shape, ValueType, MAX_CLUSTER_SIZE, MAX_TILE_ELEMENTS};
 
 /// One builtin's signature.
 struct Builtin {
@@ -86,6 +86,7 @@ const BUILTINS: &[Builtin] = &[
     b("scatter", &["tensor", "offsets", "value"], 3, &["mask"]),
     b("atomic_add", &["tensor", "offsets", "value"], 3, &["mask"]),
     b("dot", &["a", "b", "acc"], 3, &[]),
+    b("cluster_gather", &["x", "size"], 2, &[]),
 ];
 
 /// Whether `name` is a builtin function.
@@ -279,12 +280,95 @@ impl Checker<'_> {
             "store" => self.store(a, span),
             "gather" | "scatter" | "atomic_add" => self.indexed(name, a, span),
             "dot" => self.dot(a, span),
+            "cluster_gather" => self.cluster_gather(a, span),
             _ => self.error(
                 ErrorCode::UnknownFunction,
                 span,
                 format!("unknown function `{name}`"),
             ),
         }
+    }
+
+    /// `cluster_gather(x, size)`: the scalar `x` of every block of the cluster, as a
+    /// `[size]` tile. `size` is 1, 2, 4 or 8 and the same for every call of the kernel.
+    fn cluster_gather(&mut self, a: &Args, span: Span) -> Ev {
+        let (x, xs) = a.p(0);
+        let (sz, ss) = a.p(1);
+        let Some(size) = self.const_int(&(sz, ss), 1, MAX_CLUSTER_SIZE as i64, "cluster size")
+        else {
+            return Ev::Poison;
+        };
+        let size = size as u32;
+        if !size.is_power_of_two() {
+            return self.push(
+                Diagnostic::error(
+                    ErrorCode::BadTileShape,
+                    ss,
+                    format!("cluster size {size} is not a power of two"),
+                )
+                .with_note("a cluster is 1, 2, 4 or 8 consecutive blocks along grid axis 0"),
+            );
+        }
+        if let Some((first, first_span)) = self.cluster {
+            if first != size {
+                return self.push(
+                    Diagnostic::error(
+                        ErrorCode::BadArguments,
+                        ss,
+                        format!(
+                            "this `cluster_gather` uses clusters of {size} blocks, an earlier one uses {first}"
+                        ),
+                    )
+                    .with_secondary(first_span, format!("clusters of {first} blocks here"))
+                    .with_note("a kernel is launched with one cluster size: every `cluster_gather` must use it"),
+                );
+            }
+        } else {
+            self.cluster = Some((size, ss));
+        }
+        let x = self.expect_value(x, xs);
+        let d = match &x {
+            Ev::Poison => return Ev::Poison,
+            Ev::Value(v) => match self.ty(*v) {
+                ValueType::Scalar(d) => d,
+                t => {
+                    return self.push(
+                        Diagnostic::error(
+                            ErrorCode::TypeMismatch,
+                            xs,
+                            format!("`cluster_gather` exchanges one scalar per block, found `{t}`"),
+                        )
+                        .with_label_message("this is a tile")
+                        .with_note(
+                            "help: reduce the tile first, e.g. `cluster_gather(max(t, 0), 8)`",
+                        ),
+                    )
+                }
+            },
+            other => match Self::default_dtype(other) {
+                Some(d) => d,
+                None => return Ev::Poison,
+            },
+        };
+        if d == DType::Bool {
+            return self.push(
+                Diagnostic::error(
+                    ErrorCode::TypeMismatch,
+                    xs,
+                    "cannot `cluster_gather` a bool",
+                )
+                .with_label_message("this is a bool")
+                .with_note("help: convert it first, e.g. `cluster_gather(b as i32, 8)`"),
+            );
+        }
+        let Some(v) = self.materialize(&x, d, xs) else {
+            return Ev::Poison;
+        };
+        self.emit1(
+            Op::ClusterGather { value: v, size },
+            ValueType::Tile(d, Shape(vec![size])),
+            span,
+        )
     }
 
     fn arange(&mut self, a: &Args, span: Span) -> Ev {

@@ -91,6 +91,8 @@ pub(crate) struct Checker<'a> {
     pub depth: u32,
     /// The nesting limit was hit (reported once).
     pub too_deep: bool,
+    /// The size and span of the kernel's first `cluster_gather` (all must agree).
+    pub cluster: Option<(u32, Span)>,
 }
 
 /// The deepest nesting of expressions and statement blocks the checker accepts. The
@@ -133,6 +135,7 @@ pub fn lower_kernel(
         poisoned: HashSet::new(),
         depth: 0,
         too_deep: false,
+        cluster: None,
     };
     let consts = c.specialize(kernel);
     let tensor_align = c.params(kernel);

@@ -20,6 +20,7 @@
 //! Layout: `value.rs` (runtime values, casts), `eval.rs` (element-wise ops), `tile.rs`
 //! (shape ops, reductions, dot), `memory.rs` (argument checks, loads/stores/atomics).
 
+mod cluster;
 mod eval;
 mod memory;
 mod tile;
@@ -91,22 +92,33 @@ pub enum InterpError {
     NonPositiveStep(i64),
     #[error("malformed IR: {0}")]
     Malformed(String),
+    #[error("grid axis 0 is {grid_x}, not a multiple of the kernel's cluster size {cluster}")]
+    ClusterGrid { grid_x: u32, cluster: u32 },
+    #[error("cluster_gather: {0}")]
+    ClusterDiverged(String),
 }
 
-/// Runs `func` over the whole grid. `args` are in `func.params` order.
+/// Runs `func` over the whole grid. `args` are in `func.params` order. The blocks of a
+/// kernel with `cluster_gather` run cluster by cluster, the blocks of each cluster
+/// concurrently (`cluster.rs`); other kernels run block by block.
 pub fn run(func: &Function, grid: [u32; 3], args: &mut [ArgValue]) -> Result<(), InterpError> {
     let scalars = check_args(func, args)?;
     if grid.contains(&0) {
         return Ok(());
     }
+    let cluster = crate::ir::cluster_size(func).unwrap_or(1);
+    if cluster > 1 {
+        return run_clusters(func, grid, args, &scalars, cluster);
+    }
     let mut m = Machine {
         func,
         env: vec![None; func.values.len()],
-        args,
+        args: ArgAccess::Own(args),
         scalars,
         grid,
         pid: [0; 3],
         depth: 0,
+        cluster: None,
     };
     for z in 0..grid[2] {
         for y in 0..grid[1] {
@@ -114,6 +126,72 @@ pub fn run(func: &Function, grid: [u32; 3], args: &mut [ArgValue]) -> Result<(),
                 m.pid = [x, y, z];
                 m.env.iter_mut().for_each(|e| *e = None);
                 m.exec_block(&func.body)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a kernel with clusters of `cluster` blocks along axis 0.
+fn run_clusters(
+    func: &Function,
+    grid: [u32; 3],
+    args: &mut [ArgValue],
+    scalars: &[Option<Val>],
+    cluster: u32,
+) -> Result<(), InterpError> {
+    if !grid[0].is_multiple_of(cluster) {
+        return Err(InterpError::ClusterGrid {
+            grid_x: grid[0],
+            cluster,
+        });
+    }
+    for z in 0..grid[2] {
+        for y in 0..grid[1] {
+            for cx in 0..grid[0] / cluster {
+                let sync = cluster::ClusterSync::new(cluster as usize);
+                let shared = std::sync::Mutex::new(&mut *args);
+                let results: Vec<Result<(), InterpError>> = std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..cluster)
+                        .map(|rank| {
+                            let (sync, shared) = (&sync, &shared);
+                            s.spawn(move || {
+                                let mut m = Machine {
+                                    func,
+                                    env: vec![None; func.values.len()],
+                                    args: ArgAccess::Shared(shared),
+                                    scalars: scalars.to_vec(),
+                                    grid,
+                                    pid: [cx * cluster + rank, y, z],
+                                    depth: 0,
+                                    cluster: Some((rank as usize, sync)),
+                                };
+                                let r = m.exec_block(&func.body).map(|_| ());
+                                sync.finish(r.is_ok());
+                                r
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                Err(InterpError::ClusterDiverged("a block panicked".into()))
+                            })
+                        })
+                        .collect()
+                });
+                // Report the cause, not the blocks that failed because of it.
+                let errors: Vec<InterpError> =
+                    results.into_iter().filter_map(|r| r.err()).collect();
+                let is_echo = |e: &InterpError| matches!(e, InterpError::ClusterDiverged(m) if m.contains("another block"));
+                let first_err = match errors.iter().position(|e| !is_echo(e)) {
+                    Some(i) => errors.into_iter().nth(i),
+                    None => errors.into_iter().next(),
+                };
+                if let Some(e) = first_err {
+                    return Err(e);
+                }
             }
         }
     }
@@ -168,11 +246,20 @@ const MAX_DEPTH: u32 = 64;
 struct Machine<'a> {
     func: &'a Function,
     env: Vec<Option<Rc<Val>>>,
-    args: &'a mut [ArgValue],
+    args: ArgAccess<'a>,
     scalars: Vec<Option<Val>>,
     grid: [u32; 3],
     pid: [u32; 3],
     depth: u32,
+    /// This block's rank in its cluster and the cluster's meeting point.
+    cluster: Option<(usize, &'a cluster::ClusterSync)>,
+}
+
+/// The kernel arguments: owned by the one running block, or shared by the blocks of a
+/// cluster (each memory access holds the lock).
+enum ArgAccess<'a> {
+    Own(&'a mut [ArgValue]),
+    Shared(&'a std::sync::Mutex<&'a mut [ArgValue]>),
 }
 
 fn bad(msg: impl Into<String>) -> InterpError {
@@ -219,17 +306,41 @@ impl Machine<'_> {
         Ok((d, s.to_vec()))
     }
 
-    fn tensor(&self, t: u32) -> Result<&crate::host::HostTensor, InterpError> {
-        match self.args.get(t as usize) {
-            Some(ArgValue::Tensor(h)) => Ok(h),
+    /// Runs `f` on tensor parameter `t`.
+    fn with_tensor<T>(
+        &self,
+        t: u32,
+        f: impl FnOnce(&crate::host::HostTensor) -> Result<T, InterpError>,
+    ) -> Result<T, InterpError> {
+        let pick = |a: &[ArgValue]| match a.get(t as usize) {
+            Some(ArgValue::Tensor(h)) => f(h),
             _ => Err(bad(format!("parameter {t} is not a tensor"))),
+        };
+        match &self.args {
+            ArgAccess::Own(a) => pick(a),
+            ArgAccess::Shared(m) => {
+                let g = m.lock().map_err(|_| bad("argument lock poisoned"))?;
+                pick(&g)
+            }
         }
     }
 
-    fn tensor_mut(&mut self, t: u32) -> Result<&mut crate::host::HostTensor, InterpError> {
-        match self.args.get_mut(t as usize) {
-            Some(ArgValue::Tensor(h)) => Ok(h),
+    /// Runs `f` on tensor parameter `t`, mutably.
+    fn with_tensor_mut<T>(
+        &mut self,
+        t: u32,
+        f: impl FnOnce(&mut crate::host::HostTensor) -> Result<T, InterpError>,
+    ) -> Result<T, InterpError> {
+        let pick = |a: &mut [ArgValue]| match a.get_mut(t as usize) {
+            Some(ArgValue::Tensor(h)) => f(h),
             _ => Err(bad(format!("parameter {t} is not a tensor"))),
+        };
+        match &mut self.args {
+            ArgAccess::Own(a) => pick(a),
+            ArgAccess::Shared(m) => {
+                let mut g = m.lock().map_err(|_| bad("argument lock poisoned"))?;
+                pick(&mut g)
+            }
         }
     }
 
@@ -421,22 +532,20 @@ impl Machine<'_> {
                 Some(Some(v)) => v.clone(),
                 _ => return Err(bad(format!("parameter {i} is not a scalar"))),
             },
-            Op::TensorDim { tensor, dim } => {
-                let t = self.tensor(*tensor)?;
-                scalar_i32(
+            Op::TensorDim { tensor, dim } => self.with_tensor(*tensor, |t| {
+                Ok(scalar_i32(
                     *t.shape
                         .get(*dim as usize)
                         .ok_or_else(|| bad("dimension out of range"))? as i64,
-                )
-            }
-            Op::TensorStride { tensor, dim } => {
-                let t = self.tensor(*tensor)?;
-                scalar_i32(
+                ))
+            })?,
+            Op::TensorStride { tensor, dim } => self.with_tensor(*tensor, |t| {
+                Ok(scalar_i32(
                     *t.strides
                         .get(*dim as usize)
                         .ok_or_else(|| bad("dimension out of range"))? as i64,
-                )
-            }
+                ))
+            })?,
             Op::Arange { start, end } => tile::arange(*start, *end)?,
             Op::Splat(a) => {
                 let (_, s) = self.result_type(results)?;
@@ -465,6 +574,14 @@ impl Machine<'_> {
                 eval::cast_val(&*self.get(*a)?, d)?
             }
             Op::Reduce { op, value, axis } => tile::reduce(*op, &*self.get(*value)?, *axis)?,
+            Op::ClusterGather { value, .. } => {
+                let v = (*self.get(*value)?).clone();
+                match self.cluster {
+                    Some((rank, sync)) => sync.exchange(rank, v)?,
+                    // A cluster of one block.
+                    None => cluster::stack(&[v])?,
+                }
+            }
             Op::Dot { a, b, acc } => {
                 tile::dot(&*self.get(*a)?, &*self.get(*b)?, &*self.get(*acc)?)?
             }
@@ -475,12 +592,13 @@ impl Machine<'_> {
             } => {
                 let (d, s) = self.result_type(results)?;
                 let base = self.tile_base(index, &s)?;
-                let t = self.tensor(*tensor)?;
-                if t.dtype != d {
-                    return Err(bad(format!("load of {d} from a {} tensor", t.dtype)));
-                }
-                let offs = memory::tile_offsets(t, &base, &s)?;
-                let data = memory::read(t, &offs, &scalar_data(d, *padding, 1))?;
+                let data = self.with_tensor(*tensor, |t| {
+                    if t.dtype != d {
+                        return Err(bad(format!("load of {d} from a {} tensor", t.dtype)));
+                    }
+                    let offs = memory::tile_offsets(t, &base, &s)?;
+                    memory::read(t, &offs, &scalar_data(d, *padding, 1))
+                })?;
                 Val::new(d, s, data)?
             }
             Op::Store {
@@ -490,9 +608,10 @@ impl Machine<'_> {
             } => {
                 let v = self.get(*value)?;
                 let base = self.tile_base(index, &v.shape)?;
-                let t = self.tensor_mut(*tensor)?;
-                let offs = memory::tile_offsets(t, &base, &v.shape)?;
-                memory::write(t, &offs, &v)?;
+                self.with_tensor_mut(*tensor, |t| {
+                    let offs = memory::tile_offsets(t, &base, &v.shape)?;
+                    memory::write(t, &offs, &v)
+                })?;
                 return Ok(None);
             }
             Op::Gather {
@@ -503,13 +622,14 @@ impl Machine<'_> {
             } => {
                 let (d, s) = self.result_type(results)?;
                 let (coords, mask) = self.coords(offsets, *mask)?;
-                let t = self.tensor(*tensor)?;
-                if t.dtype != d {
-                    return Err(bad(format!("gather of {d} from a {} tensor", t.dtype)));
-                }
                 let refs: Vec<&Val> = coords.iter().map(|c| &**c).collect();
-                let offs = memory::coord_offsets(t, &refs, mask.as_deref(), &s)?;
-                let data = memory::read(t, &offs, &scalar_data(d, *other, 1))?;
+                let data = self.with_tensor(*tensor, |t| {
+                    if t.dtype != d {
+                        return Err(bad(format!("gather of {d} from a {} tensor", t.dtype)));
+                    }
+                    let offs = memory::coord_offsets(t, &refs, mask.as_deref(), &s)?;
+                    memory::read(t, &offs, &scalar_data(d, *other, 1))
+                })?;
                 Val::new(d, s, data)?
             }
             Op::Scatter {
@@ -527,14 +647,18 @@ impl Machine<'_> {
                 let v = self.get(*value)?;
                 let (coords, mask) = self.coords(offsets, *mask)?;
                 let refs: Vec<&Val> = coords.iter().map(|c| &**c).collect();
-                let t = self.tensor_mut(*tensor)?;
-                let offs = memory::coord_offsets(t, &refs, mask.as_deref(), &v.shape)?;
-                if let Op::AtomicAdd { .. } = op {
-                    let old = memory::atomic_add(t, &offs, &v)?;
-                    Val::new(v.dtype, v.shape.clone(), old)?
-                } else {
-                    memory::write(t, &offs, &v)?;
-                    return Ok(None);
+                let atomic = matches!(op, Op::AtomicAdd { .. });
+                let old = self.with_tensor_mut(*tensor, |t| {
+                    let offs = memory::coord_offsets(t, &refs, mask.as_deref(), &v.shape)?;
+                    if atomic {
+                        memory::atomic_add(t, &offs, &v).map(Some)
+                    } else {
+                        memory::write(t, &offs, &v).map(|_| None)
+                    }
+                })?;
+                match old {
+                    Some(old) => Val::new(v.dtype, v.shape.clone(), old)?,
+                    None => return Ok(None),
                 }
             }
             Op::For { .. } | Op::If { .. } | Op::Yield(_) => {

@@ -184,3 +184,100 @@ fn e2e_gather_atomic_histogram() {
     }
     assert_eq!(written(&args[1]), want);
 }
+
+const CLUSTER_MAX: &str = r#"
+kernel cluster_max<C: int = 4>(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>, z: tensor<i32, 1, contiguous>) {
+    let b = bid(0);
+    let t = load(x, [b], [256]);
+    let all = cluster_gather(max(t, 0), C);
+    let ranks = cluster_gather(b % C, C);
+    store(y, [b], full([1], max(all, 0)));
+    store(z, [b], full([1], sum(ranks * (arange(0, C) + 1), 0)));
+}
+"#;
+
+/// Every block of a cluster gets every block's value in rank order: the row max over
+/// the cluster's blocks, and the ranks themselves (checked through a weighted sum).
+#[test]
+fn e2e_cluster_gather_exchanges_values_in_rank_order() {
+    for (c, blocks) in [("4", 12usize), ("2", 6), ("1", 3)] {
+        let Some(func) = ir(CLUSTER_MAX, &[("C", c)]) else {
+            return;
+        };
+        let cs: usize = c.parse().unwrap();
+        let xs = rnd(blocks * 256, 7, 5.0);
+        let xs: Vec<f64> = xs.iter().map(|v| *v as f32 as f64).collect();
+        let mut args = vec![
+            tensor(DType::F32, &[blocks * 256], &xs),
+            poisoned(DType::F32, &[blocks]),
+            poisoned(DType::I32, &[blocks]),
+        ];
+        run(&func, [blocks as u32, 1, 1], &mut args).unwrap();
+        let (y, z) = (written(&args[1]), written(&args[2]));
+        let weighted: f64 = (0..cs).map(|r| (r * (r + 1)) as f64).sum();
+        for b in 0..blocks {
+            let cluster = b / cs;
+            let want = xs[cluster * cs * 256..(cluster + 1) * cs * 256]
+                .iter()
+                .cloned()
+                .fold(f64::NEG_INFINITY, f64::max);
+            assert_eq!(y[b], want, "C={c} block {b}");
+            assert_eq!(z[b], weighted, "C={c} block {b}");
+        }
+    }
+}
+
+/// A grid that is not a whole number of clusters is refused before anything runs; a
+/// cluster whose blocks do not all reach the gather is reported, not left hanging.
+#[test]
+fn e2e_cluster_misuse_is_an_error_not_a_hang() {
+    let Some(func) = ir(CLUSTER_MAX, &[("C", "4")]) else {
+        return;
+    };
+    let mut args = vec![
+        tensor(DType::F32, &[6 * 256], &rnd(6 * 256, 8, 1.0)),
+        poisoned(DType::F32, &[6]),
+        poisoned(DType::I32, &[6]),
+    ];
+    let err = run(&func, [6, 1, 1], &mut args).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            InterpError::ClusterGrid {
+                grid_x: 6,
+                cluster: 4
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "grid axis 0 is 6, not a multiple of the kernel's cluster size 4"
+    );
+    // Only the even blocks reach the exchange.
+    let Some(diverged) = ir(
+        r#"
+kernel diverged(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let b = bid(0);
+    if b % 2 == 0 {
+        let all = cluster_gather(sum(load(x, [b], [64]), 0), 2);
+        store(y, [b], full([1], sum(all, 0)));
+    }
+}
+"#,
+        &[],
+    ) else {
+        return;
+    };
+    let mut args = vec![
+        tensor(DType::F32, &[4 * 64], &rnd(4 * 64, 9, 1.0)),
+        poisoned(DType::F32, &[4]),
+    ];
+    let err = run(&diverged, [4, 1, 1], &mut args).unwrap_err();
+    assert!(matches!(err, InterpError::ClusterDiverged(_)), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("cluster_gather: a block of the cluster finished"),
+        "{err}"
+    );
+}

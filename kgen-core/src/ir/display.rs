@@ -191,6 +191,9 @@ impl Printer<'_> {
                 format!("{op:?}").to_lowercase(),
                 u(self, value)
             ),
+            Op::ClusterGather { value, size } => {
+                format!("cluster_gather {}, size {size}", u(self, value))
+            }
             Op::Load {
                 tensor,
                 index,

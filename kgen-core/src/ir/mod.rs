@@ -261,6 +261,16 @@ pub enum Op {
         value: ValueId,
         mask: Option<ValueId>,
     },
+    /// `cluster_gather(value, size)` (sm_90a thread-block clusters): `value` is a scalar
+    /// (any dtype but `bool`); the result is the `[size]` tile whose element `r` is
+    /// `value` as computed by the block of cluster rank `r` (`bid(0) % size`; clusters
+    /// are `size` consecutive blocks along grid axis 0). Every block of a cluster must
+    /// execute the same sequence of `ClusterGather`s (like a barrier); a kernel uses one
+    /// `size` throughout, and its grid's axis 0 is a multiple of it.
+    ClusterGather {
+        value: ValueId,
+        size: u32,
+    },
     /// `dot(a, b, acc)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]` (f32 accumulator for
     /// float inputs). Result `acc + a @ b`.
     Dot {
@@ -318,7 +328,7 @@ impl Function {
             | Op::Permute(v, _)
             | Op::Unary(_, v)
             | Op::Cast(v) => vec![*v],
-            Op::Reduce { value, .. } => vec![*value],
+            Op::Reduce { value, .. } | Op::ClusterGather { value, .. } => vec![*value],
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
             Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![*a, *b, *c],
             Op::Load { index, .. } => index.clone(),
@@ -379,6 +389,28 @@ impl Function {
                 | Op::Yield(_)
         )
     }
+}
+
+/// The cluster size of `func`'s first `ClusterGather` (searching regions too), if any.
+pub fn cluster_size(func: &Function) -> Option<u32> {
+    fn find(func: &Function, b: &Block) -> Option<u32> {
+        b.insts.iter().find_map(|&i| match &func.insts[i].op {
+            Op::ClusterGather { size, .. } => Some(*size),
+            Op::For { body, .. } => find(func, body),
+            Op::If {
+                then_body,
+                else_body,
+                ..
+            } => find(func, then_body).or_else(|| find(func, else_body)),
+            _ => None,
+        })
+    }
+    find(func, &func.body)
+}
+
+/// Whether `func` exchanges values across a thread-block cluster.
+pub fn uses_clusters(func: &Function) -> bool {
+    cluster_size(func).is_some()
 }
 
 /// Helps layers that build IR: appends values and instructions.

@@ -25,6 +25,7 @@ fn is_pure(op: &Op) -> bool {
             | Op::Store { .. }
             | Op::Scatter { .. }
             | Op::AtomicAdd { .. }
+            | Op::ClusterGather { .. }
             | Op::For { .. }
             | Op::If { .. }
             | Op::Yield(_)

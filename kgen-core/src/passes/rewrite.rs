@@ -20,7 +20,8 @@ pub(super) fn operands_mut(op: &mut Op) -> Vec<&mut ValueId> {
         | Op::Permute(v, _)
         | Op::Unary(_, v)
         | Op::Cast(v)
-        | Op::Reduce { value: v, .. } => vec![v],
+        | Op::Reduce { value: v, .. }
+        | Op::ClusterGather { value: v, .. } => vec![v],
         Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![a, b],
         Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![a, b, c],
         Op::Dot { a, b, acc } => vec![a, b, acc],

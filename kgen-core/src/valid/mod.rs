@@ -27,6 +27,8 @@ pub struct ModuleInfo {
     pub max_tile_elements: u64,
     /// The function uses atomics.
     pub uses_atomics: bool,
+    /// The cluster size of the kernel's `cluster_gather`s (`None`: it has none).
+    pub cluster_size: Option<u32>,
     /// Number of instructions reachable from the body.
     pub num_insts: usize,
 }
@@ -255,6 +257,13 @@ impl Validator<'_> {
             Op::ProgramId(a) | Op::NumPrograms(a) => {
                 self.info.grid_rank = self.info.grid_rank.max(a.saturating_add(1));
             }
+            Op::ClusterGather { size, .. } => match self.info.cluster_size {
+                Some(c) if c != *size => self.error(
+                    Span::DUMMY,
+                    format!("cluster_gather sizes differ within the kernel: {c} and {size}"),
+                ),
+                _ => self.info.cluster_size = Some(*size),
+            },
             _ => {}
         }
     }

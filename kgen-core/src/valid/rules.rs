@@ -224,6 +224,21 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             ensure(r == want, || format!("reduce result {r}, expected {want}"))?;
             ensure(a.dtype() != DType::Bool, || "reduce of bool".into())
         }
+        Op::ClusterGather { value, size } => {
+            let (a, r) = (ty(value), res_ty()?);
+            ensure(a.shape().is_none(), || {
+                format!("cluster_gather of a tile {a}")
+            })?;
+            ensure(a.dtype() != DType::Bool, || "cluster_gather of bool".into())?;
+            ensure(
+                size.is_power_of_two() && *size <= crate::types::MAX_CLUSTER_SIZE,
+                || format!("cluster size {size}"),
+            )?;
+            let want = ValueType::Tile(a.dtype(), Shape(vec![*size]));
+            ensure(r == want, || {
+                format!("cluster_gather result {r}, expected {want}")
+            })
+        }
         Op::Load {
             tensor,
             index,

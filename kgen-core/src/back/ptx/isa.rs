@@ -146,6 +146,9 @@ pub struct Module {
     /// Highest register number used per class (index = `RegClass::index`).
     pub reg_counts: [u32; 6],
     pub shared: Option<SharedDecl>,
+    /// `(C, slots)`: the entry forms clusters of C blocks (`.reqnctapercluster C, 1, 1`)
+    /// and declares `slots` 8-byte slots of `kg_cluster` for `cluster_gather`.
+    pub cluster: Option<(u32, u32)>,
     pub body: Vec<Stmt>,
     /// Comment lines printed before the entry.
     pub header_comments: Vec<String>,

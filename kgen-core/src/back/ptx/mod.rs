@@ -45,7 +45,6 @@ pub fn write(
     target: &Target,
     spec: &Specialization,
 ) -> Result<CompiledKernel, Diagnostics> {
-    let _ = info;
     let num_warps = spec.num_warps;
     let threads = num_warps.saturating_mul(target.warp_size);
     let first_span = func
@@ -108,12 +107,15 @@ pub fn write(
 
     let (abi, loads) = build_abi(func, spec);
     let lowered = lower::Lowerer::new(func, &asg, target).run(&loads)?;
-    if lowered.smem_bytes > target.max_shared_bytes_per_block {
+    let cluster_bytes = lowered.cluster_slots * lower::SLOT_BYTES;
+    if lowered.smem_bytes + cluster_bytes > target.max_shared_bytes_per_block {
         return Err(limit(
             first_span,
             format!(
                 "the kernel needs {} bytes of shared memory; {} allows {} per block",
-                lowered.smem_bytes, target.arch, target.max_shared_bytes_per_block
+                lowered.smem_bytes + cluster_bytes,
+                target.arch,
+                target.max_shared_bytes_per_block
             ),
             "use smaller tiles",
         ));
@@ -144,6 +146,7 @@ pub fn write(
         min_ctas_per_sm: spec.min_blocks_per_sm,
         reg_counts: lowered.reg_counts,
         shared,
+        cluster: info.cluster_size.map(|c| (c, lowered.cluster_slots)),
         body: lowered.body,
         header_comments: vec![
             format!(
@@ -160,9 +163,10 @@ pub fn write(
     };
     let launch = LaunchHints {
         threads_per_block: threads,
-        static_shared_bytes: if dynamic { 0 } else { lowered.smem_bytes },
+        static_shared_bytes: cluster_bytes + if dynamic { 0 } else { lowered.smem_bytes },
         dynamic_shared_bytes: if dynamic { lowered.smem_bytes } else { 0 },
         grid_rank: grid_rank(func, &func.body).max(1),
+        cluster_size: info.cluster_size.unwrap_or(1),
     };
     Ok(CompiledKernel {
         ptx: module.to_string(),

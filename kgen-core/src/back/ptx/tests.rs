@@ -845,8 +845,9 @@ fn bundled_kernels_from_source() {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let targets = crate::source_targets(&text);
         let file = crate::SourceFile::new(format!("kernels-src/{stem}.kg"), text);
-        for arch in Arch::ALL {
+        for arch in targets {
             match crate::compile(&file, &crate::CompileOptions::new(arch)) {
                 Ok(k) => {
                     assemble(&k.ptx, arch.name(), &format!("src_{stem}"));
@@ -933,4 +934,98 @@ kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
 "#,
     );
     assert_eq!(serial.matches("bar.sync").count(), 4, "{serial}");
+}
+
+/// A 16-bit tile loaded for the next iteration (a software pipeline) is unpacked where it
+/// is first used, the loop's yield, not right after its load: the unpack reads the
+/// loaded registers and would make the warp wait for the load before the reduction's
+/// barriers, which the load is meant to overlap.
+#[test]
+fn prefetched_half_tiles_are_unpacked_at_first_use() {
+    let ptx = compile_source_sm90a(
+        r#"
+kernel pipelined(x: tensor<bf16, 2, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let mut cur = load(x, [0, 0], [1, 2048]);
+    for j in 0..shape(x, 0) {
+        let next = load(x, [j + 1, 0], [1, 2048]);
+        let s = sum(cur.reshape([2048]) as f32, 0);
+        store(y, [j], full([1], s));
+        cur = next;
+    }
+}
+"#,
+        8,
+        "pipelined",
+    );
+    let lines: Vec<&str> = ptx.lines().collect();
+    // The loop's load: the second 16-byte load of the kernel.
+    let (at, load) = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("ld.global.v4.b32"))
+        .nth(1)
+        .expect("the prefetch load");
+    let dst = load
+        .split('{')
+        .nth(1)
+        .and_then(|s| s.split('}').next())
+        .expect("vector destination");
+    let first_word = dst.split(',').next().unwrap().trim().to_string();
+    let first_use = lines
+        .iter()
+        .enumerate()
+        .skip(at + 1)
+        .find(|(_, l)| {
+            l.contains(&format!("{first_word},")) || l.contains(&format!("{first_word};"))
+        })
+        .map(|(i, _)| i)
+        .expect("a use of the prefetched words");
+    let last_barrier = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("bar.sync"))
+        .map(|(i, _)| i)
+        .max()
+        .expect("the reduction's barriers");
+    assert!(
+        at < last_barrier && last_barrier < first_use,
+        "load at {at}, barrier at {last_barrier}, first use at {first_use}:\n{ptx}"
+    );
+}
+
+/// `cluster_gather`: the block's value goes to its own slot (thread 0), one cluster
+/// barrier phase orders the writes before the reads, lanes below C read the ranks'
+/// slots through `mapa` and the other lanes get them by shuffle; two ready gathers share
+/// one exchange; the split barrier's first `arrive` opens the body and the last `wait`
+/// precedes `ret`.
+#[test]
+fn cluster_gathers_share_one_exchange_through_distributed_shared_memory() {
+    let ptx = compile_source_sm90a(
+        r#"
+kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let t = load(x, [bid(0)], [1024]);
+    let ms = cluster_gather(max(t, 0), 8);
+    let ss = cluster_gather(sum(t, 0), 8);
+    store(y, [bid(0)], full([1], max(ms, 0) + sum(ss, 0)));
+}
+"#,
+        4,
+        "cluster_two",
+    );
+    assert!(ptx.contains(".reqnctapercluster 8, 1, 1\n"), "{ptx}");
+    assert!(
+        ptx.contains(".shared .align 8 .b8 kg_cluster[16];"),
+        "{ptx}"
+    );
+    assert_eq!(ptx.matches("mapa.shared::cluster.u32").count(), 1, "{ptx}");
+    assert_eq!(ptx.matches("ld.shared::cluster.f32").count(), 2, "{ptx}");
+    assert_eq!(ptx.matches("barrier.cluster.arrive;").count(), 3, "{ptx}");
+    assert_eq!(ptx.matches("barrier.cluster.wait;").count(), 3, "{ptx}");
+    let body = ptx.split("// body").nth(1).expect("body");
+    assert!(
+        body.trim_start().starts_with("barrier.cluster.arrive;"),
+        "{body}"
+    );
+    assert!(ptx.contains("barrier.cluster.wait;\n\tret;"), "{ptx}");
+    assert!(ptx.contains("shfl.sync.idx.b32"), "{ptx}");
 }

@@ -100,6 +100,9 @@ impl fmt::Display for Module {
         if let Some(n) = self.min_ctas_per_sm {
             writeln!(s, ".minnctapersm {n}")?;
         }
+        if let Some((c, _)) = self.cluster {
+            writeln!(s, ".reqnctapercluster {c}, 1, 1")?;
+        }
         s.push_str("{\n");
         for class in RegClass::ALL {
             let n = self.reg_counts[class.index()];
@@ -119,6 +122,16 @@ impl fmt::Display for Module {
                     s,
                     "\t.shared .align {} .b8 {}[{}];",
                     sh.align, sh.name, sh.bytes
+                )?;
+            }
+        }
+        if let Some((_, slots)) = self.cluster {
+            if slots > 0 {
+                writeln!(
+                    s,
+                    "\t.shared .align 8 .b8 {}[{}];",
+                    super::lower::CLUSTER_SLOTS,
+                    slots * super::lower::SLOT_BYTES
                 )?;
             }
         }

@@ -66,6 +66,16 @@ fn log2(n: u32) -> i64 {
     n.max(1).trailing_zeros() as i64
 }
 
+/// A tile load whose words are loaded but not yet unpacked into element registers.
+pub struct DeferredLoad {
+    dt: DType,
+    vec: u32,
+    /// (element register indices, loaded words) per vector access.
+    groups: Vec<(Vec<usize>, Vec<Reg>)>,
+    num_regs: usize,
+    padding: crate::types::Scalar,
+}
+
 impl Lowerer<'_> {
     fn ext_reg(&mut self, e: Ext) -> Operand {
         e.op()
@@ -309,10 +319,38 @@ impl Lowerer<'_> {
         let plan = self.tile_access(&t, &p, &lin, &shape, index, false, span)?;
         let dt = p.dtype;
         let pad_bits = scalar_bits(*padding, dt);
-        let mut out: Vec<Option<Reg>> = vec![None; lin.num_regs()];
+        let mut groups = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
-            let elems = self.load_vector(dt, plan.vec, g.addr, g.imm, g.pred, pad_bits);
-            for (&r, e) in g.regs.iter().zip(elems) {
+            let words = self.load_vector(dt, plan.vec, g.addr, g.imm, g.pred, pad_bits);
+            groups.push((g.regs.clone(), words));
+        }
+        let load = DeferredLoad {
+            dt,
+            vec: plan.vec,
+            groups,
+            num_regs: lin.num_regs(),
+            padding: *padding,
+        };
+        // Unpacking 16-bit words (to f32 registers) reads the loaded registers, which
+        // waits for the load. When every use is in this block, it waits until the first
+        // use instead, so a load issued early (the next row's tile in a software
+        // pipeline) stays in flight across the code in between.
+        if dt.size_bytes() < 4 && self.all_uses_in_current_block(res) {
+            self.deferred.insert(res, load);
+        } else {
+            let regs = self.materialize(load, span)?;
+            self.bind(res, regs);
+        }
+        Ok(())
+    }
+
+    /// The element registers of a load: unpacks its words, fills the slots no group
+    /// covers with the padding.
+    pub(super) fn materialize(&mut self, load: DeferredLoad, span: Span) -> R<Vec<Reg>> {
+        let mut out: Vec<Option<Reg>> = vec![None; load.num_regs];
+        for (members, words) in &load.groups {
+            let elems = self.unpack(load.dt, load.vec, words);
+            for (&r, e) in members.iter().zip(elems) {
                 out[r] = Some(e);
             }
         }
@@ -324,18 +362,18 @@ impl Lowerer<'_> {
                 None => match pad_reg {
                     Some(r) => r,
                     None => {
-                        let r = self.constant(*padding, span)?;
+                        let r = self.constant(load.padding, span)?;
                         pad_reg = Some(r);
                         r
                     }
                 },
             });
         }
-        self.bind(res, regs);
-        Ok(())
+        Ok(regs)
     }
 
-    /// Loads `vec` elements (one vector instruction); returns the element registers.
+    /// Loads `vec` elements (one vector instruction); returns the loaded words (see
+    /// `unpack`).
     fn load_vector(
         &mut self,
         dt: DType,
@@ -390,7 +428,7 @@ impl Lowerer<'_> {
             format!("ld.global{v}.{ty}"),
             vec![dst, Operand::Mem(Addr::Reg(addr), imm)],
         );
-        self.unpack(dt, vec, &words)
+        words
     }
 
     fn unpack(&mut self, dt: DType, vec: u32, words: &[Reg]) -> Vec<Reg> {

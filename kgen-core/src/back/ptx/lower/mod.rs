@@ -16,6 +16,7 @@
 //! region.
 
 mod arith;
+mod cluster;
 mod memory;
 mod reduce;
 mod shape;
@@ -31,6 +32,8 @@ use crate::types::DType;
 use std::collections::HashMap;
 
 pub type R<T> = Result<T, Diagnostics>;
+
+pub use cluster::{CLUSTER_SLOTS, SLOT_BYTES};
 
 /// The name of the one shared-memory buffer.
 pub const SMEM: &str = "kg_smem";
@@ -94,6 +97,8 @@ pub struct Lowered {
     pub body: Vec<Stmt>,
     pub reg_counts: [u32; 6],
     pub smem_bytes: u32,
+    /// Slots of the `kg_cluster` array (0: the kernel exchanges nothing across a cluster).
+    pub cluster_slots: u32,
 }
 
 pub struct Lowerer<'a> {
@@ -107,6 +112,9 @@ pub struct Lowerer<'a> {
     body: Vec<Stmt>,
     in_prologue: bool,
     vals: HashMap<ValueId, Vec<Reg>>,
+    /// Loads of 16-bit data whose unpacking (to f32 registers) waits for the first use:
+    /// see `memory::DeferredLoad`.
+    deferred: HashMap<ValueId, memory::DeferredLoad>,
     /// Converted copies of values, one map per open region.
     conv_cache: Vec<HashMap<(ValueId, Linear), Vec<Reg>>>,
     tid: Option<Reg>,
@@ -115,9 +123,14 @@ pub struct Lowerer<'a> {
     smem_base: Option<Reg>,
     zero16: Option<Reg>,
     pub smem_bytes: u32,
+    cluster_slots: u32,
+    cluster_base: Option<Reg>,
+    cluster_lane: Option<(Reg, Reg)>,
     tensors: Vec<Option<TensorRegs>>,
     scalars: Vec<Option<Reg>>,
     uses: HashMap<ValueId, usize>,
+    /// Per open block (innermost last): uses by its own instructions, not nested ones.
+    block_uses: Vec<HashMap<ValueId, usize>>,
     uniform: std::collections::HashSet<ValueId>,
 }
 
@@ -136,6 +149,7 @@ impl<'a> Lowerer<'a> {
             body: Vec::new(),
             in_prologue: false,
             vals: HashMap::new(),
+            deferred: HashMap::new(),
             conv_cache: vec![HashMap::new()],
             tid: None,
             bits_cache: HashMap::new(),
@@ -143,9 +157,13 @@ impl<'a> Lowerer<'a> {
             smem_base: None,
             zero16: None,
             smem_bytes: 0,
+            cluster_slots: 0,
+            cluster_base: None,
+            cluster_lane: None,
             tensors: Vec::new(),
             scalars: Vec::new(),
             uses,
+            block_uses: Vec::new(),
             uniform: std::collections::HashSet::new(),
         }
     }
@@ -156,9 +174,16 @@ impl<'a> Lowerer<'a> {
         self.load_params(params)?;
         self.in_prologue = false;
         let func = self.func;
+        let clustered = crate::ir::uses_clusters(func);
+        if clustered {
+            self.cluster_prologue();
+        }
         let y = self.block(&func.body)?;
         if !y.is_empty() {
             return Err(unsupported(Span::DUMMY, "yield at kernel level"));
+        }
+        if clustered {
+            self.cluster_epilogue();
         }
         self.emit("ret", vec![]);
         let mut body = std::mem::take(&mut self.prologue);
@@ -168,6 +193,7 @@ impl<'a> Lowerer<'a> {
             body,
             reg_counts: self.reg_counts,
             smem_bytes: self.smem_bytes,
+            cluster_slots: self.cluster_slots,
         })
     }
 
@@ -487,7 +513,11 @@ impl<'a> Lowerer<'a> {
         self.vals.insert(v, regs);
     }
 
-    pub fn regs(&self, v: ValueId, span: Span) -> R<Vec<Reg>> {
+    pub fn regs(&mut self, v: ValueId, span: Span) -> R<Vec<Reg>> {
+        if let Some(d) = self.deferred.remove(&v) {
+            let regs = self.materialize(d, span)?;
+            self.vals.insert(v, regs);
+        }
         self.vals
             .get(&v)
             .cloned()
@@ -495,7 +525,12 @@ impl<'a> Lowerer<'a> {
     }
 
     /// The scalar register of `v`.
-    pub fn scalar(&self, v: ValueId, span: Span) -> R<Reg> {
+    /// Whether `v` has been lowered (its registers exist or are one unpack away).
+    pub fn is_computed(&self, v: ValueId) -> bool {
+        self.vals.contains_key(&v) || self.deferred.contains_key(&v)
+    }
+
+    pub fn scalar(&mut self, v: ValueId, span: Span) -> R<Reg> {
         self.regs(v, span)?
             .first()
             .copied()
@@ -547,6 +582,32 @@ impl<'a> Lowerer<'a> {
 
     /// Lowers a block; returns the values its `Yield` yields.
     fn block(&mut self, b: &Block) -> R<Vec<ValueId>> {
+        let mut local = HashMap::new();
+        for &i in &b.insts {
+            for v in Function::operands(&self.func.insts[i].op) {
+                *local.entry(v).or_insert(0) += 1;
+            }
+        }
+        self.block_uses.push(local);
+        let r = self.block_insts(b);
+        self.block_uses.pop();
+        r
+    }
+
+    /// Whether every use of `v` is an instruction of the block being lowered (none is
+    /// inside a nested region).
+    pub fn all_uses_in_current_block(&self, v: ValueId) -> bool {
+        let total = self.uses.get(&v).copied().unwrap_or(0);
+        let local = self
+            .block_uses
+            .last()
+            .and_then(|m| m.get(&v))
+            .copied()
+            .unwrap_or(0);
+        total > 0 && local == total
+    }
+
+    fn block_insts(&mut self, b: &Block) -> R<Vec<ValueId>> {
         let mut batched: std::collections::HashSet<InstId> = std::collections::HashSet::new();
         for (k, &i) in b.insts.iter().enumerate() {
             if batched.contains(&i) {
@@ -554,6 +615,12 @@ impl<'a> Lowerer<'a> {
             }
             if let Op::Yield(vs) = &self.func.insts[i].op {
                 return Ok(vs.clone());
+            }
+            let gathers = self.cluster_batch(&b.insts[k..]);
+            if !gathers.is_empty() {
+                batched.extend(gathers.iter().copied());
+                self.lower_cluster_gathers(&gathers)?;
+                continue;
             }
             let batch = self.reduction_batch(&b.insts[k..]);
             if batch.len() > 1 {
@@ -596,7 +663,7 @@ impl<'a> Lowerer<'a> {
                 break;
             }
             if let Some((op, value, axis)) = cross_warp(inst) {
-                if self.vals.contains_key(&value) {
+                if self.is_computed(value) {
                     batch.push((j, op, value, axis));
                 }
             }
@@ -827,6 +894,7 @@ impl<'a> Lowerer<'a> {
                 self.lower_pointwise_mem(id)
             }
             Op::Dot { a, b, acc } => self.lower_dot(id, *a, *b, *acc),
+            Op::ClusterGather { .. } => self.lower_cluster_gathers(&[id]),
         }
     }
 
