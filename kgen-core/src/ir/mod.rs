@@ -391,21 +391,37 @@ impl Function {
     }
 }
 
-/// The cluster size of `func`'s first `ClusterGather` (searching regions too), if any.
+/// The cluster size of a `ClusterGather` of `func` (searching regions too; valid IR has
+/// one size), if any.
+/// Safe on unvalidated IR: an instruction reached twice (a region that contains itself)
+/// is searched once.
 pub fn cluster_size(func: &Function) -> Option<u32> {
-    fn find(func: &Function, b: &Block) -> Option<u32> {
-        b.insts.iter().find_map(|&i| match &func.insts[i].op {
-            Op::ClusterGather { size, .. } => Some(*size),
-            Op::For { body, .. } => find(func, body),
-            Op::If {
-                then_body,
-                else_body,
-                ..
-            } => find(func, then_body).or_else(|| find(func, else_body)),
-            _ => None,
-        })
+    let mut seen = std::collections::HashSet::new();
+    let mut stack: Vec<&Block> = vec![&func.body];
+    while let Some(b) = stack.pop() {
+        for &i in &b.insts {
+            if !seen.insert(i) {
+                continue;
+            }
+            let Some(inst) = func.insts.get(i) else {
+                continue;
+            };
+            match &inst.op {
+                Op::ClusterGather { size, .. } => return Some(*size),
+                Op::For { body, .. } => stack.push(body),
+                Op::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    stack.push(then_body);
+                    stack.push(else_body);
+                }
+                _ => {}
+            }
+        }
     }
-    find(func, &func.body)
+    None
 }
 
 /// Whether `func` exchanges values across a thread-block cluster.
