@@ -166,7 +166,14 @@ fn run_clusters(
                                     depth: 0,
                                     cluster: Some((rank as usize, sync)),
                                 };
-                                let r = m.exec_block(&func.body).map(|_| ());
+                                // A panic must still release the cluster's other blocks.
+                                let r =
+                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                        m.exec_block(&func.body).map(|_| ())
+                                    }))
+                                    .unwrap_or_else(|_| {
+                                        Err(InterpError::ClusterDiverged("a block panicked".into()))
+                                    });
                                 sync.finish(r.is_ok());
                                 r
                             })
