@@ -109,9 +109,8 @@ impl Lowerer<'_> {
         // In every warp, lane r < C reads rank r's slots (one remote load per slot and
         // lane: a remote load per element and thread was measured far slower), then
         // each thread takes the elements its layout holds from those lanes by shuffle.
-        let size = items.len();
         let (remote, reader) = self.cluster_lane_slot(batch)?;
-        let mut loaded = Vec::with_capacity(size);
+        let mut loaded = Vec::with_capacity(items.len());
         for (j, &(_, v)) in items.iter().enumerate() {
             let d = self.reg(v.class);
             // Lanes >= C keep a defined value (they are never shuffled from).
@@ -228,16 +227,21 @@ impl Lowerer<'_> {
         )
     }
 
-    /// A predicate true in thread 0 only.
+    /// A predicate true in thread 0 only (computed once, in the prologue).
     fn thread0(&mut self) -> Reg {
+        if let Some(p) = self.cluster_writer {
+            return p;
+        }
         let tid = self.tid();
-        self.in_prologue(|l| {
+        let p = self.in_prologue(|l| {
             l.op1(
                 RegClass::Pred,
                 "setp.eq.u32",
                 vec![tid.into(), Operand::Imm(0)],
             )
-        })
+        });
+        self.cluster_writer = Some(p);
+        p
     }
 }
 
