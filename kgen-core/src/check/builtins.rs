@@ -89,6 +89,15 @@ const BUILTINS: &[Builtin] = &[
     b("cluster_gather", &["x", "size"], 2, &[]),
 ];
 
+/// "1 block", "4 blocks".
+fn blocks(n: u32) -> String {
+    if n == 1 {
+        "1 block".into()
+    } else {
+        format!("{n} blocks")
+    }
+}
+
 /// Whether `name` is a builtin function.
 pub(crate) fn is_builtin(name: &str) -> bool {
     BUILTINS.iter().any(|b| b.name == name)
@@ -316,10 +325,11 @@ impl Checker<'_> {
                         ErrorCode::BadArguments,
                         ss,
                         format!(
-                            "this `cluster_gather` uses clusters of {size} blocks, an earlier one uses {first}"
+                            "this `cluster_gather` uses clusters of {}, an earlier one uses {first}",
+                            blocks(size)
                         ),
                     )
-                    .with_secondary(first_span, format!("clusters of {first} blocks here"))
+                    .with_secondary(first_span, format!("clusters of {} here", blocks(first)))
                     .with_note("a kernel is launched with one cluster size: every `cluster_gather` must use it"),
                 );
             }
