@@ -519,3 +519,62 @@ fn gpu_packed_launch_matches_checked_launch_and_refuses_bad_args() {
     let bad = [Arg::from(0.5f32), (&xh).into(), (&y).into(), (&out).into()];
     assert!(PackedLaunch::new(&d, &s, &k, grid, &bad).is_err());
 }
+
+const CLUSTER_SRC: &str = "
+kernel row_max(x: tensor<f32, 2, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let row = bid(0) / 4;
+    let part = bid(0) % 4;
+    let t = load(x, [row, part], [1, 256], pad = -inf);
+    let all = cluster_gather(max(t.reshape([256]), 0), 4);
+    if part == 0 {
+        store(y, [row], full([1], max(all, 0)));
+    }
+}
+";
+
+/// `row_max` (4 blocks per row, `cluster_gather`) on `d`: each row's max.
+fn run_row_max(d: &Device, rows: usize, cols: usize) -> Result<Vec<f64>, RuntimeError> {
+    let file = SourceFile::new("row_max.kg", CLUSTER_SRC);
+    let k = d.kernel(&file, &CompileOptions::new(d.arch()))?;
+    let x = d.from_f64(DType::F32, &[rows, cols], &vals(rows * cols, 21))?;
+    let y = d.from_f64(DType::F32, &[rows], &vec![f64::NAN; rows])?;
+    d.launch(&d.stream(), &k, [(rows * 4) as u32, 1, 1], &[(&x).into(), (&y).into()])?;
+    y.to_f64_vec()
+}
+
+/// A cluster kernel through the runtime on the GPU (sm_90a): the result matches the
+/// interpreter and float64; a grid that is not a whole number of clusters is refused
+/// before launch. On a GPU without clusters the kernel is a compile error.
+#[test]
+fn gpu_cluster_kernel_matches_the_interpreter() {
+    let Some(gpu) = gpu_or_skip("gpu_cluster_kernel_matches_the_interpreter") else {
+        return;
+    };
+    let (rows, cols) = (37, 1000);
+    if !gpu.arch().target().caps.clusters {
+        assert!(matches!(
+            run_row_max(&gpu, rows, cols),
+            Err(RuntimeError::Compile(_))
+        ));
+        return;
+    }
+    let got = run_row_max(&gpu, rows, cols).unwrap();
+    let want = run_row_max(&Device::interpreter(), rows, cols).unwrap();
+    let x = vals(rows * cols, 21);
+    for r in 0..rows {
+        let m = x[r * cols..(r + 1) * cols]
+            .iter()
+            .map(|&v| v as f32 as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(got[r], m, "row {r}");
+        assert_eq!(got[r], want[r], "row {r}: GPU vs interpreter");
+    }
+    let file = SourceFile::new("row_max.kg", CLUSTER_SRC);
+    let k = gpu.kernel(&file, &CompileOptions::new(gpu.arch())).unwrap();
+    let x = gpu.zeros(DType::F32, &[2, 1000]).unwrap();
+    let y = gpu.zeros(DType::F32, &[2]).unwrap();
+    assert!(matches!(
+        gpu.launch(&gpu.stream(), &k, [6, 1, 1], &[(&x).into(), (&y).into()]),
+        Err(RuntimeError::LaunchConfig(_))
+    ));
+}
