@@ -538,7 +538,12 @@ fn run_row_max(d: &Device, rows: usize, cols: usize) -> Result<Vec<f64>, Runtime
     let k = d.kernel(&file, &CompileOptions::new(d.arch()))?;
     let x = d.from_f64(DType::F32, &[rows, cols], &vals(rows * cols, 21))?;
     let y = d.from_f64(DType::F32, &[rows], &vec![f64::NAN; rows])?;
-    d.launch(&d.stream(), &k, [(rows * 4) as u32, 1, 1], &[(&x).into(), (&y).into()])?;
+    d.launch(
+        &d.stream(),
+        &k,
+        [(rows * 4) as u32, 1, 1],
+        &[(&x).into(), (&y).into()],
+    )?;
     y.to_f64_vec()
 }
 
