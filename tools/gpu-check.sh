@@ -3,9 +3,10 @@
 # memcheck and racecheck over it, and the PTX JIT of every bundled kernel. Full logs go
 # to $OUT; a short summary is printed last.
 #
-# Prepare on the development machine:
-#   cargo build --release && mkdir -p .device && cp target/release/kgen .device/
-# then run `bash tools/gpu-check.sh` on the device with `.device` carried.
+# Prepare on the development machine: `bash tools/prepare-device.sh` (or at least
+#   cargo build --release && mkdir -p .device && cp target/release/kgen .device/)
+# then run `bash tools/gpu-check.sh` on the device with `.device` carried. With
+# .device/kgen-runtime-tests present it also runs kgen-runtime's `gpu_*` tests.
 set -uo pipefail
 BIN=${KGEN_BIN:-.device/kgen}
 OUT=${OUT:-/tmp/kgen-gpu-check}
@@ -20,11 +21,19 @@ memcheck_rc=$?
 timeout "${RACECHECK_TIMEOUT:-170}" compute-sanitizer --tool racecheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/racecheck.log" 2>&1
 racecheck_rc=$?
 
+runtime_rc=skipped
+if [ -x .device/kgen-runtime-tests ]; then
+  timeout "${RUNTIME_TESTS_TIMEOUT:-120}" .device/kgen-runtime-tests gpu_ --test-threads 1 >"$OUT/runtime-tests.log" 2>&1
+  runtime_rc=$?
+fi
+
 echo "== selftest (full) =="
 tail -n 60 "$OUT/selftest.log"
 echo "== memcheck: rc=$memcheck_rc =="
 grep -E "ERROR SUMMARY|PASS|FAIL" "$OUT/memcheck.log" | tail -n 5
 echo "== racecheck: rc=$racecheck_rc =="
 grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard" "$OUT/racecheck.log" | tail -n 5
+echo "== kgen-runtime gpu_ tests: rc=$runtime_rc =="
+[ -f "$OUT/runtime-tests.log" ] && grep -E "^test |test result" "$OUT/runtime-tests.log" | tail -n 15
 echo "(rc 124: the step ran past its time limit)"
-echo "selftest_rc=$selftest_rc memcheck_rc=$memcheck_rc racecheck_rc=$racecheck_rc"
+echo "selftest_rc=$selftest_rc memcheck_rc=$memcheck_rc racecheck_rc=$racecheck_rc runtime_tests_rc=$runtime_rc"
