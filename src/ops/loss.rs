@@ -90,10 +90,12 @@ const CE_CLUSTER_CONFIGS: [(usize, u32, usize); 2] = [(1024, 4, 8), (2048, 8, 8)
 ///
 /// Then, with thread-block clusters (sm_90a) and rows longer than CE_CLUSTER_MIN_VOCAB,
 /// the `cross_entropy_cluster` kernel (a row split over a cluster, so that pass 2
-/// re-reads from L1/L2), a cluster per row. On an H100 it measured 956-1300 us at
-/// 8192 x 50257 and 1118-1940 us at 4096 x 128256 (issue-bound: 2-byte accesses, as
-/// odd rows allow no vectors, with per-element masks), so the two-pass kernel stays
-/// the default and the tuner decides per shape. `kgen bench` keeps such numbers in
+/// re-reads from L1/L2), a cluster per row. On an H100 it measured 947-1300 us at
+/// 8192 x 50257 (issue-bound: an odd row length allows only 2-byte accesses, each
+/// with its own mask) and 1112-1940 us at 4096 x 128256, against 824-837 and
+/// 1087-1096 us for the two-pass kernel, which stays the default; the tuner decides per
+/// shape (the cluster kernel wins for few long rows, where a block per row leaves SMs
+/// idle). `kgen bench` keeps such numbers in
 /// docs/PERFORMANCE.md.
 fn ce_configs(rows: usize, vocab: usize, clusters: bool) -> Vec<CeConfig> {
     let p = vocab.next_power_of_two().max(32);
