@@ -515,6 +515,7 @@ impl<'a> Lowerer<'a> {
         self.vals.insert(v, regs);
     }
 
+    /// The registers of `v` (a deferred 16-bit load is unpacked here, at its first use).
     pub fn regs(&mut self, v: ValueId, span: Span) -> R<Vec<Reg>> {
         if let Some(d) = self.deferred.remove(&v) {
             let regs = self.materialize(d, span)?;
@@ -526,12 +527,12 @@ impl<'a> Lowerer<'a> {
             .ok_or_else(|| unsupported(span, "value used before it is defined"))
     }
 
-    /// The scalar register of `v`.
     /// Whether `v` has been lowered (its registers exist or are one unpack away).
     pub fn is_computed(&self, v: ValueId) -> bool {
         self.vals.contains_key(&v) || self.deferred.contains_key(&v)
     }
 
+    /// The scalar register of `v`.
     pub fn scalar(&mut self, v: ValueId, span: Span) -> R<Reg> {
         self.regs(v, span)?
             .first()
