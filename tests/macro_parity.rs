@@ -320,3 +320,34 @@ mod doc_example {
         }
     }
 }
+
+/// Eviction policies are names in both front ends (`eviction_policy = evict_last`).
+#[kgen::kernel]
+fn hinted_copy<const BLOCK: i32 = 1024>(
+    x: Tensor<f32, 1, Contiguous>,
+    y: Tensor<f32, 1, Contiguous>,
+) {
+    let i = bid(0);
+    let a = load(x, [i], [BLOCK], pad = 1.0, eviction_policy = evict_last);
+    store(y, [i], a, eviction_policy = evict_first);
+}
+
+const HINTED_COPY_KG: &str = "
+kernel hinted_copy<BLOCK: int = 1024>(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let i = bid(0);
+    let a = load(x, [i], [BLOCK], pad = 1.0, eviction_policy = evict_last);
+    store(y, [i], a, eviction_policy = evict_first);
+}
+";
+
+#[test]
+fn eviction_policies_match_kg() {
+    for arch in Arch::ALL {
+        let file = SourceFile::new("hinted_copy.kg", HINTED_COPY_KG);
+        let kg = compile(&file, &CompileOptions::new(arch))
+            .expect("compiles")
+            .ptx;
+        assert!(kg.contains("L2::cache_hint"), "{kg}");
+        assert_eq!(hinted_copy::ptx(arch), kg);
+    }
+}

@@ -83,6 +83,7 @@ fn axpy(dt: DType, block: u32, align: u32) -> Function {
             tensor: x,
             index: vec![i],
             padding: zero,
+            eviction: Default::default(),
         },
         tile(dt, &[block]),
     );
@@ -91,6 +92,7 @@ fn axpy(dt: DType, block: u32, align: u32) -> Function {
             tensor: y,
             index: vec![i],
             padding: zero,
+            eviction: Default::default(),
         },
         tile(dt, &[block]),
     );
@@ -101,6 +103,7 @@ fn axpy(dt: DType, block: u32, align: u32) -> Function {
         tensor: o,
         index: vec![i],
         value: r,
+        eviction: Default::default(),
     });
     k.finish()
 }
@@ -117,6 +120,7 @@ fn row_sum(cols: u32) -> Function {
             tensor: x,
             index: vec![row, zero],
             padding: Scalar::Float(0.0, DType::F32),
+            eviction: Default::default(),
         },
         tile(DType::F32, &[1, cols]),
     );
@@ -132,6 +136,7 @@ fn row_sum(cols: u32) -> Function {
         tensor: o,
         index: vec![row],
         value: s,
+        eviction: Default::default(),
     });
     k.finish()
 }

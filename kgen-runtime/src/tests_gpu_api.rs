@@ -534,10 +534,9 @@ kernel row_max(x: tensor<f32, 2, contiguous>, y: tensor<f32, 1, contiguous>) {
 
 /// `row_max` (4 blocks per row, `cluster_gather`) on `d`: each row's max.
 fn run_row_max(d: &Device, rows: usize, cols: usize) -> Result<Vec<f64>, RuntimeError> {
-    let file = SourceFile::new("row_max.kg", CLUSTER_SRC);
-    let k = d.kernel(&file, &CompileOptions::new(d.arch()))?;
     let x = d.from_f64(DType::F32, &[rows, cols], &vals(rows * cols, 21))?;
     let y = d.from_f64(DType::F32, &[rows], &vec![f64::NAN; rows])?;
+    let k = row_max_kernel(d, &[("x", &x), ("y", &y)])?;
     d.launch(
         &d.stream(),
         &k,
@@ -545,6 +544,39 @@ fn run_row_max(d: &Device, rows: usize, cols: usize) -> Result<Vec<f64>, Runtime
         &[(&x).into(), (&y).into()],
     )?;
     y.to_f64_vec()
+}
+
+/// Each of `got` is the max of its row of `vals(rows * cols, 21)` (rounded to f32).
+fn assert_row_max(got: &[f64], rows: usize, cols: usize) {
+    let x = vals(rows * cols, 21);
+    assert_eq!(got.len(), rows);
+    for r in 0..rows {
+        let m = x[r * cols..(r + 1) * cols]
+            .iter()
+            .map(|&v| v as f32 as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(got[r], m, "row {r}");
+    }
+}
+
+/// The cluster kernel of the GPU test below, through the runtime's interpreter device
+/// (runs everywhere): 37 rows, 4-byte-aligned tensors, each row's max.
+#[test]
+fn cluster_kernel_through_the_interpreter_device_matches_f64() {
+    let (rows, cols) = (37, 1000);
+    assert_row_max(
+        &run_row_max(&Device::interpreter(), rows, cols).unwrap(),
+        rows,
+        cols,
+    );
+}
+
+/// `row_max` specialized for the alignment of `ts` (37 rows of f32 are 4-byte aligned).
+fn row_max_kernel(d: &Device, ts: &[(&str, &Tensor)]) -> Result<Arc<Kernel>, RuntimeError> {
+    let file = SourceFile::new("row_max.kg", CLUSTER_SRC);
+    let mut o = CompileOptions::new(d.arch());
+    o.tensor_align = alignments(ts);
+    d.kernel(&file, &o)
 }
 
 /// A cluster kernel through the runtime on the GPU (sm_90a): the result matches the
@@ -565,19 +597,11 @@ fn gpu_cluster_kernel_matches_the_interpreter() {
     }
     let got = run_row_max(&gpu, rows, cols).unwrap();
     let want = run_row_max(&Device::interpreter(), rows, cols).unwrap();
-    let x = vals(rows * cols, 21);
-    for r in 0..rows {
-        let m = x[r * cols..(r + 1) * cols]
-            .iter()
-            .map(|&v| v as f32 as f64)
-            .fold(f64::NEG_INFINITY, f64::max);
-        assert_eq!(got[r], m, "row {r}");
-        assert_eq!(got[r], want[r], "row {r}: GPU vs interpreter");
-    }
-    let file = SourceFile::new("row_max.kg", CLUSTER_SRC);
-    let k = gpu.kernel(&file, &CompileOptions::new(gpu.arch())).unwrap();
+    assert_row_max(&got, rows, cols);
+    assert_eq!(got, want, "GPU vs interpreter");
     let x = gpu.zeros(DType::F32, &[2, 1000]).unwrap();
     let y = gpu.zeros(DType::F32, &[2]).unwrap();
+    let k = row_max_kernel(&gpu, &[("x", &x), ("y", &y)]).unwrap();
     assert!(matches!(
         gpu.launch(&gpu.stream(), &k, [6, 1, 1], &[(&x).into(), (&y).into()]),
         Err(RuntimeError::LaunchConfig(_))

@@ -13,7 +13,7 @@
 use super::{Checker, Ev};
 use crate::diag::{Diagnostic, ErrorCode};
 use crate::front::ast;
-use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::ir::{BinaryOp, Eviction, Op, ReduceOp, UnaryOp};
 use crate::span::Span;
 use crate::types::{DType, Shape, ValueType, MAX_CLUSTER_SIZE, MAX_TILE_ELEMENTS};
 
@@ -80,14 +80,27 @@ const BUILTINS: &[Builtin] = &[
     b("sum", &["x", "axis"], 2, &[]),
     b("argmax", &["x", "axis"], 2, &[]),
     b("argmin", &["x", "axis"], 2, &[]),
-    b("load", &["tensor", "index", "shape"], 3, &["pad"]),
-    b("store", &["tensor", "index", "value"], 3, &[]),
+    b(
+        "load",
+        &["tensor", "index", "shape"],
+        3,
+        &["pad", "eviction_policy"],
+    ),
+    b(
+        "store",
+        &["tensor", "index", "value"],
+        3,
+        &["eviction_policy"],
+    ),
     b("gather", &["tensor", "offsets"], 2, &["mask", "other"]),
     b("scatter", &["tensor", "offsets", "value"], 3, &["mask"]),
     b("atomic_add", &["tensor", "offsets", "value"], 3, &["mask"]),
     b("dot", &["a", "b", "acc"], 3, &[]),
     b("cluster_gather", &["x", "size"], 2, &[]),
 ];
+
+/// The keyword of a load's or store's L2 eviction policy (Triton's spelling).
+const EVICTION_KW: &str = "eviction_policy";
 
 /// "1 block", "4 blocks".
 fn blocks(n: u32) -> String {
@@ -107,6 +120,8 @@ pub(crate) fn is_builtin(name: &str) -> bool {
 pub(crate) struct Args {
     pub pos: Vec<(Ev, Span)>,
     pub kw: Vec<(String, Ev, Span)>,
+    /// `eviction_policy = evict_...` (a name, not an expression: not in `kw`).
+    pub eviction: Eviction,
     /// The span of the whole call (for arguments that are absent).
     pub span: Span,
 }
@@ -150,7 +165,25 @@ impl Checker<'_> {
         let mut pos = Vec::new();
         let mut kw: Vec<(String, Ev, Span)> = Vec::new();
         let mut ok = true;
+        let mut eviction: Option<Eviction> = None;
         for a in args {
+            if let Some(k) = &a.name {
+                if k.name == EVICTION_KW && sig.keywords.contains(&EVICTION_KW) {
+                    if eviction.is_some() {
+                        self.error(
+                            ErrorCode::BadArguments,
+                            k.span,
+                            format!("argument `{EVICTION_KW}` given twice"),
+                        );
+                        ok = false;
+                    }
+                    match self.eviction_policy(&a.value) {
+                        Some(e) => eviction = Some(e),
+                        None => ok = false,
+                    }
+                    continue;
+                }
+            }
             let v = self.expr(&a.value);
             let Some(k) = &a.name else {
                 if !kw.is_empty() {
@@ -237,8 +270,45 @@ impl Checker<'_> {
         {
             return Ev::Poison;
         }
-        let a = Args { pos, kw, span };
+        let a = Args {
+            pos,
+            kw,
+            eviction: eviction.unwrap_or_default(),
+            span,
+        };
         self.builtin(name, &a, span)
+    }
+
+    /// The policy an `eviction_policy = ...` argument names: one of the names of
+    /// [`Eviction`], written bare (like a dtype), not an expression.
+    fn eviction_policy(&mut self, value: &ast::Expr) -> Option<Eviction> {
+        let names: Vec<String> = [Eviction::First, Eviction::Last, Eviction::Normal]
+            .iter()
+            .map(|e| e.name().to_string())
+            .collect();
+        let given = match &value.kind {
+            ast::ExprKind::Name(id) => id.name.as_str(),
+            _ => "",
+        };
+        if let Some(e) = Eviction::from_name(given) {
+            return Some(e);
+        }
+        let what = if given.is_empty() {
+            "an expression".to_string()
+        } else {
+            format!("`{given}`")
+        };
+        let mut d = Diagnostic::error(
+            ErrorCode::BadArguments,
+            value.span,
+            format!("`{EVICTION_KW}` must name a policy, not {what}"),
+        )
+        .with_note(format!("the policies are: {}", names.join(", ")));
+        if let Some(s) = super::scope::closest(given, &names) {
+            d = d.with_note(format!("help: did you mean `{s}`?"));
+        }
+        self.push(d);
+        None
     }
 
     fn builtin(&mut self, name: &str, a: &Args, span: Span) -> Ev {

@@ -596,6 +596,7 @@ impl Machine<'_> {
                 tensor,
                 index,
                 padding,
+                ..
             } => {
                 let (d, s) = self.result_type(results)?;
                 let base = self.tile_base(index, &s)?;
@@ -612,6 +613,7 @@ impl Machine<'_> {
                 tensor,
                 index,
                 value,
+                ..
             } => {
                 let v = self.get(*value)?;
                 let base = self.tile_base(index, &v.shape)?;

@@ -97,6 +97,7 @@ impl Kb {
                 tensor: t,
                 index,
                 padding: pad,
+                eviction: Default::default(),
             },
             tt(d, shape),
         )
@@ -108,6 +109,7 @@ impl Kb {
                 tensor: t,
                 index,
                 value: v,
+                eviction: Default::default(),
             },
         );
     }

@@ -948,6 +948,7 @@ fn random_malformed_ir_never_panics() {
                     tensor: next(3) as u32,
                     index: vec![a, c],
                     padding: f(0.0, DType::F32),
+                    eviction: Default::default(),
                 },
                 10 => Op::Gather {
                     tensor: 0,

@@ -198,20 +198,24 @@ impl Printer<'_> {
                 tensor,
                 index,
                 padding,
+                eviction,
             } => format!(
-                "load {}[{}] pad {padding}",
+                "load {}[{}] pad {padding}{}",
                 self.tensor(*tensor),
-                self.list(index)
+                self.list(index),
+                eviction_suffix(*eviction)
             ),
             Op::Store {
                 tensor,
                 index,
                 value,
+                eviction,
             } => format!(
-                "store {}[{}], {}",
+                "store {}[{}], {}{}",
                 self.tensor(*tensor),
                 self.list(index),
-                u(self, value)
+                u(self, value),
+                eviction_suffix(*eviction)
             ),
             Op::Gather {
                 tensor,
@@ -279,5 +283,14 @@ impl Printer<'_> {
             }
             Op::Yield(vs) => format!("yield {}", self.list(vs)),
         })
+    }
+}
+
+/// ` evict_last` for a load or store with a non-default eviction policy, else nothing.
+fn eviction_suffix(e: super::Eviction) -> String {
+    if e == super::Eviction::Normal {
+        String::new()
+    } else {
+        format!(" {}", e.name())
     }
 }

@@ -50,6 +50,36 @@ pub enum ParamKind {
     Tensor(TensorParam),
 }
 
+/// L2 eviction priority of the lines a tile load or store touches (Triton's
+/// `eviction_policy`): a hint, never a change in results. `Last` keeps data that is
+/// read again soon (a row re-read by a second pass) ahead of `Normal` and `First` lines;
+/// `First` marks streams that are touched once (a gradient written and not re-read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Eviction {
+    #[default]
+    Normal,
+    First,
+    Last,
+}
+
+impl Eviction {
+    /// The spelling in source (`eviction_policy = evict_last`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Eviction::Normal => "evict_normal",
+            Eviction::First => "evict_first",
+            Eviction::Last => "evict_last",
+        }
+    }
+
+    /// The policy named `name` in source, if any.
+    pub fn from_name(name: &str) -> Option<Eviction> {
+        [Eviction::Normal, Eviction::First, Eviction::Last]
+            .into_iter()
+            .find(|e| e.name() == name)
+    }
+}
+
 /// A global-memory tensor: a base pointer, extents and strides (in elements).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorParam {
@@ -228,6 +258,7 @@ pub enum Op {
         tensor: u32,
         index: Vec<ValueId>,
         padding: Scalar,
+        eviction: Eviction,
     },
     /// cuTile-style tile store, the inverse of `Load`: out-of-bounds elements are not
     /// written. No results.
@@ -235,6 +266,7 @@ pub enum Op {
         tensor: u32,
         index: Vec<ValueId>,
         value: ValueId,
+        eviction: Eviction,
     },
     /// Triton-style gather: `offsets[d]` are integer tiles (all of the result shape),
     /// one per tensor dimension, giving element coordinates. Elements where `mask` is

@@ -243,6 +243,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             tensor,
             index,
             padding,
+            ..
         } => {
             let t = func.tensor_param(*tensor).ok_or("load from a non-tensor")?;
             check_index(func, index, t.rank())?;
@@ -259,6 +260,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             tensor,
             index,
             value,
+            ..
         } => {
             let t = func.tensor_param(*tensor).ok_or("store to a non-tensor")?;
             check_index(func, index, t.rank())?;

@@ -115,6 +115,7 @@ impl Kb {
                 tensor: t,
                 index,
                 padding: pad,
+                eviction: Default::default(),
             },
             tile(dt, shape),
         )
@@ -125,6 +126,7 @@ impl Kb {
             tensor: t,
             index,
             value,
+            eviction: Default::default(),
         });
     }
 
@@ -1028,4 +1030,61 @@ kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
     );
     assert!(ptx.contains("barrier.cluster.wait;\n\tret;"), "{ptx}");
     assert!(ptx.contains("shfl.sync.idx.b32"), "{ptx}");
+}
+
+/// `eviction_policy`: one `createpolicy` per policy used (in the prologue, shared by
+/// every access with that policy), `.L2::cache_hint` plus the policy register on the
+/// hinted loads and stores, plain accesses elsewhere; ptxas accepts it on both targets.
+#[test]
+fn eviction_policies_become_l2_cache_hints() {
+    let src = r#"
+kernel hinted(x: tensor<bf16, 2, contiguous>, y: tensor<bf16, 2, contiguous>) {
+    let r = bid(0);
+    let a = load(x, [r, 0], [1, 1024], eviction_policy = evict_last);
+    let b = load(x, [r, 1], [1, 1024], eviction_policy = evict_last);
+    let c = load(x, [r, 2], [1, 1024]);
+    store(y, [r, 0], a + b, eviction_policy = evict_first);
+    store(y, [r, 1], c, eviction_policy = evict_normal);
+}
+"#;
+    let ptx = compile_source_sm90a(src, 4, "hinted");
+    assert_eq!(
+        ptx.matches("createpolicy.fractional.L2::evict_last.b64")
+            .count(),
+        1,
+        "{ptx}"
+    );
+    assert_eq!(
+        ptx.matches("createpolicy.fractional.L2::evict_first.b64")
+            .count(),
+        1,
+        "{ptx}"
+    );
+    assert_eq!(ptx.matches("createpolicy").count(), 2, "{ptx}");
+    let body = ptx.split("// body").nth(1).expect("body");
+    assert!(
+        !body.contains("createpolicy"),
+        "policies belong to the prologue"
+    );
+    assert_eq!(
+        ptx.matches("ld.global.L2::cache_hint.v4.b32").count(),
+        2,
+        "{ptx}"
+    );
+    assert_eq!(ptx.matches("ld.global.v4.b32").count(), 1, "{ptx}");
+    assert_eq!(
+        ptx.matches("st.global.L2::cache_hint.v4.b32").count(),
+        1,
+        "{ptx}"
+    );
+    assert_eq!(ptx.matches("st.global.v4.b32").count(), 1, "{ptx}");
+    // The hinted accesses name a policy register as their last operand.
+    for line in ptx.lines().filter(|l| l.contains("L2::cache_hint")) {
+        let last = line.trim_end_matches(';').rsplit(", ").next().unwrap_or("");
+        assert!(last.starts_with("%rd"), "{line}");
+    }
+    let file = crate::SourceFile::new("hinted.kg", src);
+    let sm80 = crate::compile(&file, &crate::CompileOptions::new(Arch::Sm80))
+        .unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    assemble(&sm80.ptx, "sm_80", "hinted");
 }

@@ -22,7 +22,7 @@
 use super::{class_of, unsupported, Ext, Lowerer, TensorRegs, R};
 use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
 use crate::back::ptx::layout::{Blocked, Linear};
-use crate::ir::{Op, TensorParam, ValueId};
+use crate::ir::{Eviction, Op, TensorParam, ValueId};
 use crate::span::Span;
 use crate::types::{DType, Scalar};
 use std::collections::HashMap;
@@ -305,6 +305,7 @@ impl Lowerer<'_> {
             tensor,
             index,
             padding,
+            eviction,
         } = &inst.op
         else {
             return Ok(());
@@ -319,9 +320,16 @@ impl Lowerer<'_> {
         let plan = self.tile_access(&t, &p, &lin, &shape, index, false, span)?;
         let dt = p.dtype;
         let pad_bits = scalar_bits(*padding, dt);
+        let policy = self.cache_policy(*eviction);
         let mut groups = Vec::with_capacity(plan.groups.len());
         for g in &plan.groups {
-            let words = self.load_vector(dt, plan.vec, g.addr, g.imm, g.pred, pad_bits);
+            let access = VectorAccess {
+                addr: g.addr,
+                imm: g.imm,
+                pred: g.pred,
+                policy,
+            };
+            let words = self.load_vector(dt, plan.vec, &access, pad_bits);
             groups.push((g.regs.clone(), words));
         }
         let load = DeferredLoad {
@@ -374,15 +382,13 @@ impl Lowerer<'_> {
 
     /// Loads `vec` elements (one vector instruction); returns the loaded words (see
     /// `unpack`).
-    fn load_vector(
-        &mut self,
-        dt: DType,
-        vec: u32,
-        addr: Reg,
-        imm: i64,
-        pred: Option<Reg>,
-        pad: u64,
-    ) -> Vec<Reg> {
+    fn load_vector(&mut self, dt: DType, vec: u32, access: &VectorAccess, pad: u64) -> Vec<Reg> {
+        let VectorAccess {
+            addr,
+            imm,
+            pred,
+            policy,
+        } = *access;
         let es = dt.size_bytes();
         let (class, nwords, wbits) = match (es, vec) {
             (8, _) => (RegClass::B64, vec, 64),
@@ -423,12 +429,36 @@ impl Lowerer<'_> {
         } else {
             Operand::Vec(words.clone())
         };
+        let mut operands = vec![dst, Operand::Mem(Addr::Reg(addr), imm)];
+        let hint = cache_hint(policy, &mut operands);
         self.emit_if(
             pred.map(|p| (p, false)),
-            format!("ld.global{v}.{ty}"),
-            vec![dst, Operand::Mem(Addr::Reg(addr), imm)],
+            format!("ld.global{hint}{v}.{ty}"),
+            operands,
         );
         words
+    }
+
+    /// The L2 cache policy register for `eviction` (`None` for the default policy):
+    /// `createpolicy.fractional` once per policy, in the prologue.
+    fn cache_policy(&mut self, eviction: Eviction) -> Option<Reg> {
+        let priority = match eviction {
+            Eviction::Normal => return None,
+            Eviction::First => "evict_first",
+            Eviction::Last => "evict_last",
+        };
+        if let Some(&r) = self.policy_cache.get(&eviction) {
+            return Some(r);
+        }
+        let r = self.in_prologue(|l| {
+            l.op1(
+                RegClass::B64,
+                &format!("createpolicy.fractional.L2::{priority}.b64"),
+                vec![Operand::F32(1.0)],
+            )
+        });
+        self.policy_cache.insert(eviction, r);
+        Some(r)
     }
 
     fn unpack(&mut self, dt: DType, vec: u32, words: &[Reg]) -> Vec<Reg> {
@@ -569,6 +599,7 @@ impl Lowerer<'_> {
             tensor,
             index,
             value,
+            eviction,
         } = &inst.op
         else {
             return Ok(());
@@ -596,6 +627,7 @@ impl Lowerer<'_> {
             }
         }
         let plan = self.tile_access(&t, &p, &lin, &shape, index, true, span)?;
+        let policy = self.cache_policy(*eviction);
         let dt = p.dtype;
         if self.dtype(*value) != dt {
             return Err(unsupported(
@@ -616,10 +648,12 @@ impl Lowerer<'_> {
             } else {
                 Operand::Vec(words)
             };
+            let mut operands = vec![Operand::Mem(Addr::Reg(g.addr), g.imm), src];
+            let hint = cache_hint(policy, &mut operands);
             self.emit_if(
                 g.pred.map(|p| (p, false)),
-                format!("st.global{v}.{ty}"),
-                vec![Operand::Mem(Addr::Reg(g.addr), g.imm), src],
+                format!("st.global{hint}{v}.{ty}"),
+                operands,
             );
         }
         Ok(())
@@ -901,5 +935,25 @@ impl Lowerer<'_> {
                 }
             }
         })
+    }
+}
+
+/// Where one vector load goes: address register plus immediate, guard, cache policy.
+struct VectorAccess {
+    addr: Reg,
+    imm: i64,
+    pred: Option<Reg>,
+    policy: Option<Reg>,
+}
+
+/// The `.L2::cache_hint` qualifier of a global access with a cache policy (appending the
+/// policy register to its operands), or nothing.
+fn cache_hint(policy: Option<Reg>, operands: &mut Vec<Operand>) -> &'static str {
+    match policy {
+        Some(r) => {
+            operands.push(Operand::Reg(r));
+            ".L2::cache_hint"
+        }
+        None => "",
     }
 }

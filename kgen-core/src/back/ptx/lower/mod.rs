@@ -121,6 +121,8 @@ pub struct Lowerer<'a> {
     bits_cache: HashMap<Vec<(u32, u32)>, Reg>,
     replica_cache: HashMap<u32, Reg>,
     smem_base: Option<Reg>,
+    /// L2 cache-policy registers (`createpolicy`), one per eviction policy in use.
+    policy_cache: HashMap<crate::ir::Eviction, Reg>,
     zero16: Option<Reg>,
     pub smem_bytes: u32,
     cluster_slots: u32,
@@ -156,6 +158,7 @@ impl<'a> Lowerer<'a> {
             bits_cache: HashMap::new(),
             replica_cache: HashMap::new(),
             smem_base: None,
+            policy_cache: HashMap::new(),
             zero16: None,
             smem_bytes: 0,
             cluster_slots: 0,
