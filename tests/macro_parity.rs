@@ -16,14 +16,14 @@ fn vec_add<T: Float = f32, const BLOCK: i32 = 1024>(
 }
 
 #[kgen::kernel]
-fn softmax<T: Float = f32, const BLOCK: i32 = 1024>(
+fn softmax<T: Float = f32, const BLOCK: i32 = 1024, const ONE_TILE: bool = false>(
     x: Tensor<T, 2, Contiguous>,
     y: Tensor<T, 2, Contiguous>,
 ) {
     let row = bid(0);
     let cols = shape(x, 1);
     let ntiles = cdiv(cols, BLOCK);
-    if ntiles == 1 {
+    if ONE_TILE || ntiles == 1 {
         let xt = load(x, [row, 0], [1, BLOCK], pad = -inf).reshape([BLOCK]) as f32;
         let mx = max(xt, 0);
         let e = exp(xt - mx);
@@ -128,6 +128,12 @@ fn softmax_matches_kg() {
             .define("BLOCK", 512);
         let m = softmax::compile(&opts).expect("macro kernel compiles").ptx;
         assert_eq!(m, kg_ptx("softmax", &opts));
+        // ONE_TILE: `true || ...` is a constant condition in both front ends, so only
+        // the one-tile branch is compiled (a shorter kernel).
+        let one = opts.clone().define("ONE_TILE", true);
+        let m1 = softmax::compile(&one).expect("macro kernel compiles").ptx;
+        assert_eq!(m1, kg_ptx("softmax", &one));
+        assert!(m1.lines().count() < m.lines().count());
     }
 }
 

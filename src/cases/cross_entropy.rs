@@ -250,7 +250,8 @@ pub fn edge_cases(seed: u64) -> Vec<Case> {
 /// `softmax_bwd` on y = softmax of random logits (rows of [rows, cols], dtype T, rounded
 /// from f64) and random dy.
 pub fn softmax_bwd_case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize) -> Case {
-    let label = format!("softmax_bwd T={dtype} BLOCK={block} rows={rows} cols={cols}");
+    let (case_defines, suffix) = tile_path_defines(dtype, rows, cols, block);
+    let label = format!("softmax_bwd T={dtype} BLOCK={block} rows={rows} cols={cols}{suffix}");
     let mut rng = Rng::for_case(seed, &label);
     // Logits within ±3.5: y >= e^-7 / cols stays a normal number even in f16 for the
     // column counts used here, so no y is zero.
@@ -269,7 +270,7 @@ pub fn softmax_bwd_case(seed: u64, dtype: DType, rows: usize, cols: usize, block
         kernel: "softmax_bwd",
         kernel_name: None,
         label,
-        defines: defines(&[("T", dtype.to_string()), ("BLOCK", block.to_string())]),
+        defines: case_defines,
         tensor_align: aligns(&["y", "dy", "dx"], &args),
         grid: [rows as u32, 1, 1],
         args,

@@ -253,6 +253,26 @@ pub(crate) fn aligns(names: &[&str], args: &[ArgValue]) -> Vec<(String, u32)> {
         .collect()
 }
 
+/// `T`, `BLOCK` and `ONE_TILE` of a row kernel with a one-tile and a multi-tile path
+/// (`rmsnorm`, `layernorm`, `rmsnorm_bwd`, `softmax`, `softmax_bwd`), and the
+/// label's suffix. `ONE_TILE` is true where the ops set it (cols <= BLOCK) for odd row
+/// counts; even row counts keep the general kernel (its runtime branch), so that the
+/// self-test runs both compiled forms of the one-tile path.
+pub(crate) fn tile_path_defines(
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    block: usize,
+) -> (Vec<(String, String)>, &'static str) {
+    let one_tile = cols <= block && rows % 2 == 1;
+    let d = defines(&[
+        ("T", dtype.to_string()),
+        ("BLOCK", block.to_string()),
+        ("ONE_TILE", one_tile.to_string()),
+    ]);
+    (d, if one_tile { " ONE_TILE" } else { "" })
+}
+
 pub(crate) fn defines(pairs: &[(&str, String)]) -> Vec<(String, String)> {
     pairs
         .iter()

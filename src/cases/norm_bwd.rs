@@ -120,7 +120,9 @@ pub fn rmsnorm_bwd_case(
     block: usize,
     grid: usize,
 ) -> Case {
-    let label = format!("rmsnorm_bwd T={dtype} BLOCK={block} rows={rows} cols={cols} grid={grid}");
+    let (case_defines, suffix) = tile_path_defines(dtype, rows, cols, block);
+    let label =
+        format!("rmsnorm_bwd T={dtype} BLOCK={block} rows={rows} cols={cols} grid={grid}{suffix}");
     let mut rng = Rng::for_case(seed, &label);
     let x = random_tensor(&mut rng, dtype, &[rows, cols], |r| r.normalish());
     let w = random_tensor(&mut rng, dtype, &[cols], |r| r.signed_magnitude(0.5, 1.5));
@@ -138,7 +140,7 @@ pub fn rmsnorm_bwd_case(
         kernel: "rmsnorm_bwd",
         kernel_name: Some("rmsnorm_bwd"),
         label,
-        defines: defines(&[("T", dtype.to_string()), ("BLOCK", block.to_string())]),
+        defines: case_defines,
         tensor_align: aligns(&["x", "w", "dy", "rstd", "dx", "dw_partial"], &args),
         grid: [grid as u32, 1, 1],
         args,

@@ -99,8 +99,9 @@ fn build(
     block: usize,
     eps: f64,
 ) -> Case {
+    let (one_row_defines, suffix) = tile_path_defines(dtype, rows, cols, block);
     let label = match rows_per_block {
-        None => format!("rmsnorm T={dtype} BLOCK={block} rows={rows} cols={cols}"),
+        None => format!("rmsnorm T={dtype} BLOCK={block} rows={rows} cols={cols}{suffix}"),
         Some(rpb) => {
             format!("rmsnorm_rows T={dtype} ROWS={rpb} BLOCK={block} rows={rows} cols={cols}")
         }
@@ -122,7 +123,7 @@ fn build(
         kernel_name: rows_per_block.map(|_| "rmsnorm_rows"),
         label,
         defines: match rows_per_block {
-            None => defines(&[("T", dtype.to_string()), ("BLOCK", block.to_string())]),
+            None => one_row_defines,
             Some(rpb) => defines(&[
                 ("T", dtype.to_string()),
                 ("ROWS", rpb.to_string()),

@@ -42,7 +42,8 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
 
 /// One `softmax` case.
 pub fn case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize) -> Case {
-    let label = format!("softmax T={dtype} BLOCK={block} rows={rows} cols={cols}");
+    let (case_defines, suffix) = tile_path_defines(dtype, rows, cols, block);
+    let label = format!("softmax T={dtype} BLOCK={block} rows={rows} cols={cols}{suffix}");
     let mut rng = Rng::for_case(seed, &label);
     // Logits of a realistic spread (about ±7).
     let x = random_tensor(&mut rng, dtype, &[rows, cols], |r| 2.0 * r.normalish());
@@ -52,7 +53,7 @@ pub fn case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize) -> 
         kernel: "softmax",
         kernel_name: None,
         label,
-        defines: defines(&[("T", dtype.to_string()), ("BLOCK", block.to_string())]),
+        defines: case_defines,
         tensor_align: aligns(PARAMS, &args),
         grid: [rows as u32, 1, 1],
         args,

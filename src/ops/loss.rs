@@ -293,7 +293,11 @@ impl Ops {
                 let k = self.kernel(
                     stem,
                     stem,
-                    &[("T", t.to_string()), ("BLOCK", block.to_string())],
+                    &[
+                        ("T", t.to_string()),
+                        ("BLOCK", block.to_string()),
+                        super::norm::one_tile(cols, block),
+                    ],
                     Some(warps[i]),
                     tensors,
                 )?;

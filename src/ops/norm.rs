@@ -36,6 +36,14 @@ const MAX_ONE_TILE_BWD: usize = 4096;
 /// BLOCK of the multi-pass path.
 const MULTI_TILE_BLOCK: usize = 4096;
 
+/// The `ONE_TILE` define of the row kernels with a one-tile and a multi-tile path
+/// (`rmsnorm`, `layernorm`, `rmsnorm_bwd`, `softmax`, `softmax_bwd`): true when the row
+/// fits one tile, which compiles the one-tile path only (half the PTX: the driver JITs
+/// it faster, and ptxas allocates registers for one path).
+pub(crate) fn one_tile(cols: usize, block: usize) -> (&'static str, String) {
+    ("ONE_TILE", (cols <= block).to_string())
+}
+
 /// (rows, cols) of `x [..., C]`: rows = product of the leading dims (1 for a 1-D x).
 pub(crate) fn rows_cols(op: &'static str, x: &Tensor) -> Result<(usize, usize), OpError> {
     match x.shape().split_last() {
@@ -123,13 +131,17 @@ impl FwdConfig {
         }
     }
 
-    /// -D values (T, [ROWS,] BLOCK); ROWS is part of the kernel-cache key through these.
-    fn defines(&self, t: DType) -> Vec<(&'static str, String)> {
+    /// -D values (T, [ROWS,] BLOCK, and ONE_TILE for the one-row kernel); ROWS is part
+    /// of the kernel-cache key through these.
+    fn defines(&self, t: DType, cols: usize) -> Vec<(&'static str, String)> {
         let mut d = vec![("T", t.to_string())];
         if let Some(r) = self.rows_per_block {
             d.push(("ROWS", r.to_string()));
         }
         d.push(("BLOCK", self.block.to_string()));
+        if self.rows_per_block.is_none() {
+            d.push(one_tile(cols, self.block));
+        }
         d
     }
 
@@ -324,7 +336,7 @@ impl Ops {
                 let k = self.kernel(
                     OP,
                     c.kernel_name(OP, ROWS_OP),
-                    &c.defines(t),
+                    &c.defines(t, cols),
                     Some(c.warps),
                     &[("x", &x2), ("w", w), ("y", &y2), ("rstd", rstd)],
                 )?;
@@ -391,7 +403,11 @@ impl Ops {
                 warps,
                 min_blocks,
             } = cfgs[i];
-            let defs = [("T", t.to_string()), ("BLOCK", block.to_string())];
+            let defs = [
+                ("T", t.to_string()),
+                ("BLOCK", block.to_string()),
+                one_tile(cols, block),
+            ];
             let part = partial_all.narrow(0, 0, g)?;
             let k = self.kernel_bounded(
                 "rmsnorm_bwd",
@@ -527,7 +543,7 @@ impl Ops {
                 let k = self.kernel(
                     OP,
                     c.kernel_name(OP, ROWS_OP),
-                    &c.defines(t),
+                    &c.defines(t, cols),
                     Some(c.warps),
                     &[
                         ("x", &x2),
@@ -612,6 +628,8 @@ impl Ops {
                 warps,
                 min_blocks,
             } = cfgs[i];
+            // The general kernel: its one-tile-only form (`ONE_TILE`, which `rmsnorm_bwd`
+            // takes) spills 4 bytes at the 64-register bound of min_blocks = 2 (ptxas 13.0).
             let defs = [("T", t.to_string()), ("BLOCK", block.to_string())];
             let (pw, pb) = (pw_all.narrow(0, 0, g)?, pb_all.narrow(0, 0, g)?);
             let k = self.kernel_bounded(

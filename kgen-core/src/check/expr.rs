@@ -142,6 +142,30 @@ impl Checker<'_> {
         }
     }
 
+    /// `&&` / `||` with a compile-time `bool` on one side and a runtime scalar `bool` on
+    /// the other: `true || x` is `true`, `false && x` is `false`, `false || x` and
+    /// `true && x` are `x` (either order; expressions have no side effects). So a branch
+    /// on `FLAG || n == 1` with a constant `FLAG = true` is a constant `if` and the other
+    /// branch is not compiled. Tiles are left to the element-wise path (the result's
+    /// shape comes from the tile).
+    fn short_circuit(&self, op: BinOp, a: &Ev, b: &Ev) -> Option<Ev> {
+        if !matches!(op, BinOp::And | BinOp::Or) {
+            return None;
+        }
+        let (c, other) = match (a, b) {
+            (Ev::Bool(c), Ev::Value(x)) | (Ev::Value(x), Ev::Bool(c)) => (*c, *x),
+            _ => return None,
+        };
+        if self.ty(other) != ValueType::Scalar(DType::Bool) {
+            return None;
+        }
+        Some(match (op, c) {
+            (BinOp::Or, true) => Ev::Bool(true),
+            (BinOp::And, false) => Ev::Bool(false),
+            _ => Ev::Value(other),
+        })
+    }
+
     pub(crate) fn binary(
         &mut self,
         op: BinOp,
@@ -155,6 +179,9 @@ impl Checker<'_> {
         let b = self.expect_value(b, bspan);
         if let Some(folded) = self.fold(op, &a, &b, span) {
             return folded;
+        }
+        if let Some(short) = self.short_circuit(op, &a, &b) {
+            return short;
         }
         let what = format!("`{}`", op.symbol());
         let Some((vals, ty)) = self.unify(&[(a, aspan), (b, bspan)], span, &what) else {

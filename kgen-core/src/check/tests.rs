@@ -714,3 +714,38 @@ fn bundled_user_and_documented_kernels_check() {
         }
     }
 }
+
+/// `&&` / `||` with a compile-time `bool` on one side fold (`true || c` is `true`,
+/// `false && c` is `false`, the other two are `c`), so an `if` on `FLAG || n == 1` with
+/// `FLAG = true` is a constant `if`: only its branch is lowered.
+#[test]
+fn logical_operators_short_circuit_on_constants() {
+    let src = |cond: &str| {
+        format!(
+            "kernel k<F: bool = true>(x: tensor<f32, 1>, n: i32) {{ \
+             if {cond} {{ store(x, [0], full([4], 1.0)); }} \
+             else {{ store(x, [1], full([4], 2.0)); }} }}"
+        )
+    };
+    for (cond, ifs, stores) in [
+        ("F || n == 1", 0, 1),
+        ("n == 1 || F", 0, 1),
+        ("!F && n == 1", 0, 1),
+        ("n == 1 && !F", 0, 1),
+        ("F && n == 1", 1, 2),
+        ("!F || n == 1", 1, 2),
+        ("n == 1 || n == 2", 1, 2),
+    ] {
+        let f = lower(&src(cond));
+        assert_eq!(
+            count(&f, |o| matches!(o, Op::If { .. })),
+            ifs,
+            "{cond}\n{f}"
+        );
+        assert_eq!(
+            count(&f, |o| matches!(o, Op::Store { .. })),
+            stores,
+            "{cond}\n{f}"
+        );
+    }
+}
