@@ -15,6 +15,9 @@
 //!   non-power-of-two tiles, masked-off elements and, for writes, every replica but one
 //!   are predicated off.
 //! - `atomic_add` uses `atom.global.add` (`red` when the result is unused).
+//! - A tile access with an eviction policy other than the default carries
+//!   `.L2::cache_hint` and the policy register, made once per policy in the prologue
+//!   (`createpolicy.fractional.L2::evict_*`, fraction 1.0); the others are unchanged.
 
 // Coordinates index several parallel per-dimension arrays at once.
 #![allow(clippy::needless_range_loop)]
@@ -442,18 +445,17 @@ impl Lowerer<'_> {
     /// The L2 cache policy register for `eviction` (`None` for the default policy):
     /// `createpolicy.fractional` once per policy, in the prologue.
     fn cache_policy(&mut self, eviction: Eviction) -> Option<Reg> {
-        let priority = match eviction {
-            Eviction::Normal => return None,
-            Eviction::First => "evict_first",
-            Eviction::Last => "evict_last",
-        };
+        if eviction == Eviction::Normal {
+            return None;
+        }
         if let Some(&r) = self.policy_cache.get(&eviction) {
             return Some(r);
         }
         let r = self.in_prologue(|l| {
             l.op1(
                 RegClass::B64,
-                &format!("createpolicy.fractional.L2::{priority}.b64"),
+                // The PTX priorities are spelled like the source names: `L2::evict_last`.
+                &format!("createpolicy.fractional.L2::{}.b64", eviction.name()),
                 vec![Operand::F32(1.0)],
             )
         });
