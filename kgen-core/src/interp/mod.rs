@@ -628,6 +628,7 @@ impl Machine<'_> {
                 offsets,
                 mask,
                 other,
+                ..
             } => {
                 let (d, s) = self.result_type(results)?;
                 let (coords, mask) = self.coords(offsets, *mask)?;
@@ -646,6 +647,7 @@ impl Machine<'_> {
                 offsets,
                 value,
                 mask,
+                ..
             }
             | Op::AtomicAdd {
                 tensor,

@@ -147,6 +147,7 @@ fn gather_scatter_masks_and_out_of_bounds() {
             offsets: vec![vo0, vo1],
             mask: Some(vm),
             other: f(-9.0, d),
+            eviction: Default::default(),
         },
         tt(d, &[n]),
     );
@@ -158,6 +159,7 @@ fn gather_scatter_masks_and_out_of_bounds() {
             offsets: vec![vo0, vo1],
             mask: None,
             other: f(-1.0, d),
+            eviction: Default::default(),
         },
         tt(d, &[n]),
     );
@@ -168,6 +170,7 @@ fn gather_scatter_masks_and_out_of_bounds() {
             offsets: vec![vo0, vo1],
             value: g2,
             mask: Some(vm),
+            eviction: Default::default(),
         },
     );
     let func = k.finish(b);
@@ -214,6 +217,7 @@ fn scatter_duplicates_apply_in_row_major_order() {
             offsets: vec![one],
             value: a,
             mask: None,
+            eviction: Default::default(),
         },
     );
     // atomic_add of arange at coordinate 0: old values are prefix sums
@@ -236,6 +240,7 @@ fn scatter_duplicates_apply_in_row_major_order() {
             offsets: vec![idx],
             value: old,
             mask: None,
+            eviction: Default::default(),
         },
     );
     let func = k.finish(b);
@@ -310,6 +315,7 @@ fn atomic_add_accumulates_across_blocks() {
                 offsets: vec![slot],
                 value: old,
                 mask: None,
+                eviction: Default::default(),
             },
         );
         let func = k.finish(b);
@@ -852,6 +858,7 @@ fn malformed_memory_ops_error() {
             offsets: vec![off],
             mask: None,
             other: f(0.0, d),
+            eviction: Default::default(),
         },
         tt(d, &[4]),
     );
@@ -955,6 +962,7 @@ fn random_malformed_ir_never_panics() {
                     offsets: vec![a, c],
                     mask: Some(e),
                     other: f(0.0, DType::F32),
+                    eviction: Default::default(),
                 },
                 11 => Op::AtomicAdd {
                     tensor: 0,

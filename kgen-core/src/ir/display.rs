@@ -222,23 +222,27 @@ impl Printer<'_> {
                 offsets,
                 mask,
                 other,
+                eviction,
             } => format!(
-                "gather {}[{}]{} other {other}",
+                "gather {}[{}]{} other {other}{}",
                 self.tensor(*tensor),
                 self.list(offsets),
-                mask.map_or(String::new(), |m| format!(" mask {}", self.use_(m)))
+                mask.map_or(String::new(), |m| format!(" mask {}", self.use_(m))),
+                eviction_suffix(*eviction)
             ),
             Op::Scatter {
                 tensor,
                 offsets,
                 value,
                 mask,
+                eviction,
             } => format!(
-                "scatter {}[{}], {}{}",
+                "scatter {}[{}], {}{}{}",
                 self.tensor(*tensor),
                 self.list(offsets),
                 u(self, value),
-                mask.map_or(String::new(), |m| format!(" mask {}", self.use_(m)))
+                mask.map_or(String::new(), |m| format!(" mask {}", self.use_(m))),
+                eviction_suffix(*eviction)
             ),
             Op::AtomicAdd {
                 tensor,

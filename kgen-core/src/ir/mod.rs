@@ -276,6 +276,7 @@ pub enum Op {
         offsets: Vec<ValueId>,
         mask: Option<ValueId>,
         other: Scalar,
+        eviction: Eviction,
     },
     /// Triton-style scatter: writes `value` at the coordinates where `mask` holds and
     /// the coordinates are in bounds. No results.
@@ -284,6 +285,7 @@ pub enum Op {
         offsets: Vec<ValueId>,
         value: ValueId,
         mask: Option<ValueId>,
+        eviction: Eviction,
     },
     /// `atomic_add`: adds `value` at the coordinates (where masked in and in bounds) and
     /// returns the previous values (unspecified where masked out). f32 and i32 only.

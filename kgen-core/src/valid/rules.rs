@@ -275,6 +275,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             offsets,
             mask,
             other,
+            ..
         } => {
             let t = func
                 .tensor_param(*tensor)
@@ -290,6 +291,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             offsets,
             value,
             mask,
+            ..
         }
         | Op::AtomicAdd {
             tensor,

@@ -566,6 +566,7 @@ fn gather_scatter_atomic_add() {
             offsets: vec![ix, ar],
             mask: Some(m),
             other: Scalar::Float(-1.0, DType::F32),
+            eviction: Default::default(),
         },
         tile(DType::F32, &[200]),
     );
@@ -574,6 +575,7 @@ fn gather_scatter_atomic_add() {
         offsets: vec![ix],
         value: g,
         mask: None,
+        eviction: Default::default(),
     });
     let one = k.i32c(1);
     let ones = k.splat(one, &[200]);
@@ -1087,4 +1089,33 @@ kernel hinted(x: tensor<bf16, 2, contiguous>, y: tensor<bf16, 2, contiguous>) {
     let sm80 = crate::compile(&file, &crate::CompileOptions::new(Arch::Sm80))
         .unwrap_or_else(|d| panic!("{}", d.render(&file)));
     assemble(&sm80.ptx, "sm_80", "hinted");
+}
+
+/// `eviction_policy` on the per-element accesses: every gathered load and scattered
+/// store carries the hint and the (shared) policy register; atomics take no policy.
+#[test]
+fn gathers_and_scatters_take_eviction_policies() {
+    let src = r#"
+kernel pointwise(x: tensor<f32, 1, contiguous>, idx: tensor<i32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let o = load(idx, [0], [128]);
+    let v = gather(x, [o], mask = o >= 0, other = 0.0, eviction_policy = evict_last);
+    let w = gather(x, [o + 1], eviction_policy = evict_last);
+    scatter(y, [o], v + w, mask = o < 100, eviction_policy = evict_first);
+}
+"#;
+    let ptx = compile_source_sm90a(src, 4, "pointwise");
+    assert_eq!(ptx.matches("createpolicy").count(), 2, "{ptx}");
+    let hinted_loads = ptx.matches("ld.global.L2::cache_hint.b32").count();
+    let hinted_stores = ptx.matches("st.global.L2::cache_hint.b32").count();
+    // Each thread gathers its elements twice and scatters them once; only the plain
+    // `load` of the offsets has no hint.
+    assert!(hinted_stores >= 1, "{ptx}");
+    assert_eq!(hinted_loads, 2 * hinted_stores, "{ptx}");
+    assert!(!ptx.contains("ld.global.b32"), "{ptx}");
+    assert!(!ptx.contains("st.global.b32"), "{ptx}");
+    assert_eq!(ptx.matches("ld.global.v4.b32").count(), 1, "{ptx}");
+    let file = crate::SourceFile::new("pointwise.kg", src);
+    let sm80 = crate::compile(&file, &crate::CompileOptions::new(Arch::Sm80))
+        .unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    assemble(&sm80.ptx, "sm_80", "pointwise");
 }

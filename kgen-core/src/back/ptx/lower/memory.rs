@@ -15,7 +15,8 @@
 //!   non-power-of-two tiles, masked-off elements and, for writes, every replica but one
 //!   are predicated off.
 //! - `atomic_add` uses `atom.global.add` (`red` when the result is unused).
-//! - A tile access with an eviction policy other than the default carries
+//! - A global access (tile or per element; not atomics) with an eviction policy other
+//!   than the default carries
 //!   `.L2::cache_hint` and the policy register, made once per policy in the prologue
 //!   (`createpolicy.fractional.L2::evict_*`, fraction 1.0); the others are unchanged.
 
@@ -667,27 +668,37 @@ impl Lowerer<'_> {
         let inst = &func.insts[id];
         let span = inst.span;
         let res = inst.results.first().copied();
-        let (tensor, offsets, value, mask, other) = match &inst.op {
+        let (tensor, offsets, value, mask, other, eviction) = match &inst.op {
             Op::Gather {
                 tensor,
                 offsets,
                 mask,
                 other,
-            } => (*tensor, offsets, None, *mask, Some(*other)),
+                eviction,
+            } => (*tensor, offsets, None, *mask, Some(*other), *eviction),
             Op::Scatter {
                 tensor,
                 offsets,
                 value,
                 mask,
-            }
-            | Op::AtomicAdd {
+                eviction,
+            } => (*tensor, offsets, Some(*value), *mask, None, *eviction),
+            Op::AtomicAdd {
                 tensor,
                 offsets,
                 value,
                 mask,
-            } => (*tensor, offsets, Some(*value), *mask, None),
+            } => (
+                *tensor,
+                offsets,
+                Some(*value),
+                *mask,
+                None,
+                Eviction::Normal,
+            ),
             _ => return Ok(()),
         };
+        let policy = self.cache_policy(eviction);
         let atomic = matches!(inst.op, Op::AtomicAdd { .. });
         let (t, p) = self.tensor(tensor, span)?;
         if offsets.len() != p.rank() {
@@ -849,6 +860,7 @@ impl Lowerer<'_> {
                     other,
                     if padded_out { None } else { Some(pred) },
                     mem,
+                    policy,
                     span,
                 )?);
             } else if let Some(vals) = &vals {
@@ -885,7 +897,9 @@ impl Lowerer<'_> {
                     }
                 } else {
                     let (words, ty) = self.pack(dt, &[v]);
-                    self.emit_if(pred, format!("st.global.{ty}"), vec![mem, words[0].into()]);
+                    let mut operands = vec![mem, words[0].into()];
+                    let hint = cache_hint(policy, &mut operands);
+                    self.emit_if(pred, format!("st.global{hint}.{ty}"), operands);
                 }
             }
         }
@@ -902,11 +916,14 @@ impl Lowerer<'_> {
         other: Scalar,
         pred: Option<Option<(Reg, bool)>>,
         mem: Operand,
+        policy: Option<Reg>,
         span: Span,
     ) -> R<Reg> {
         let Some(pred) = pred else {
             return self.constant(other, span);
         };
+        let mut operands = vec![mem];
+        let hint = cache_hint(policy, &mut operands);
         let bits = scalar_bits(other, dt);
         Ok(match dt {
             DType::F32 | DType::I32 | DType::U32 | DType::I64 => {
@@ -918,14 +935,16 @@ impl Lowerer<'_> {
                 };
                 self.mov(d, v);
                 let ty = if dt == DType::I64 { "b64" } else { "b32" };
-                self.emit_if(pred, format!("ld.global.{ty}"), vec![d.into(), mem]);
+                operands.insert(0, d.into());
+                self.emit_if(pred, format!("ld.global{hint}.{ty}"), operands);
                 d
             }
             DType::F16 | DType::BF16 | DType::Bool => {
                 let h = self.reg(RegClass::B16);
                 self.mov(h, Operand::Imm(bits as u16 as i64));
                 let ty = if dt == DType::Bool { "u8" } else { "b16" };
-                self.emit_if(pred, format!("ld.global.{ty}"), vec![h.into(), mem]);
+                operands.insert(0, h.into());
+                self.emit_if(pred, format!("ld.global{hint}.{ty}"), operands);
                 if dt == DType::Bool {
                     self.op1(
                         RegClass::Pred,
