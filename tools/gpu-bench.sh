@@ -71,6 +71,9 @@ with open(os.path.join(out, "peers.json"), "w", encoding="utf-8") as f:
 print(f"gpu-bench: {len(records)} torch records in {out}/peers.json")
 PY
 
+# Same-size copy floors (the small workloads' floor in this harness; docs/PERFORMANCE.md).
+timeout 60 python3 bench/copy_floor.py >"$OUT/copy_floor.log" 2>&1
+
 # CUDA_CACHE_DISABLE=1: the driver's own PTX JIT cache (~/.nv/ComputeCache) would
 # otherwise answer a "cold" first launch for PTX an earlier run already compiled.
 CUDA_CACHE_DISABLE=1 timeout "${KGEN_TIMEOUT:-150}" "$BIN" bench "${quick[@]}" "${kgen_filter[@]}" \
@@ -84,6 +87,8 @@ echo "== torch peers, pass 2 (torch.compile): rc=$compile_rc =="
 [ -f "$OUT/torch_compile.log" ] && tail -n 20 "$OUT/torch_compile.log"
 echo "== kgen bench progress / errors (tail) =="
 tail -n 8 "$OUT/kgen.err"
+echo "== same-size copy floors (bench/copy_floor.py) =="
+cat "$OUT/copy_floor.log"
 echo "== kgen bench (full log $OUT/kgen.log): rc=$kgen_rc =="
 cat "$OUT/kgen.log"
 echo "gpu-bench: torch eager rc=$eager_rc, torch compile rc=$compile_rc, kgen rc=$kgen_rc," \
