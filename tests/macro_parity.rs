@@ -357,3 +357,44 @@ fn eviction_policies_match_kg() {
         assert_eq!(hinted_copy::ptx(arch), kg);
     }
 }
+
+/// Scratch buffers are builtins like any other in both front ends.
+#[kgen::kernel]
+fn cached_reverse<const BLOCK: i32 = 256>(
+    x: Tensor<f32, 2, Contiguous>,
+    y: Tensor<f32, 2, Contiguous>,
+) {
+    let row = bid(0);
+    let cache = scratch(4, [1, BLOCK], f32);
+    for k in 0..4 {
+        scratch_store(cache, k, load(x, [row, k], [1, BLOCK]));
+    }
+    for k in 0..4 {
+        store(y, [row, k], scratch_load(cache, 3 - k));
+    }
+}
+
+const CACHED_REVERSE_KG: &str = "
+kernel cached_reverse<BLOCK: int = 256>(x: tensor<f32, 2, contiguous>, y: tensor<f32, 2, contiguous>) {
+    let row = bid(0);
+    let cache = scratch(4, [1, BLOCK], f32);
+    for k in 0..4 {
+        scratch_store(cache, k, load(x, [row, k], [1, BLOCK]));
+    }
+    for k in 0..4 {
+        store(y, [row, k], scratch_load(cache, 3 - k));
+    }
+}
+";
+
+#[test]
+fn scratch_buffers_match_kg() {
+    for arch in Arch::ALL {
+        let file = SourceFile::new("cached_reverse.kg", CACHED_REVERSE_KG);
+        let kg = compile(&file, &CompileOptions::new(arch))
+            .expect("compiles")
+            .ptx;
+        assert!(kg.contains("st.shared"), "{kg}");
+        assert_eq!(cached_reverse::ptx(arch), kg);
+    }
+}

@@ -120,6 +120,26 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             logit_scale: 15.0,
             ..CeSpec::new(BF16, I64, 5, 4097, 520)
         },
+        // Scratch-cached rows: the whole row cached, part of it (the rest re-read), odd
+        // vocabularies, in place, a grid-stride grid.
+        CeSpec {
+            cached: Some(8),
+            ..CeSpec::new(BF16, I64, 9, 1000, 128)
+        },
+        CeSpec {
+            cached: Some(3),
+            ..CeSpec::new(F32, I32, 7, 1000, 128)
+        },
+        CeSpec {
+            cached: Some(2),
+            in_place: true,
+            ..CeSpec::new(F16, I64, 7, 4097, 2048)
+        },
+        CeSpec {
+            cached: Some(1),
+            grid: Some(3),
+            ..CeSpec::new(BF16, I32, 13, 7, 256)
+        },
     ];
     for s in &ce_quick {
         v.push(s.case(seed));
@@ -166,6 +186,24 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             CeSpec {
                 cluster: Some((8, 7)),
                 ..CeSpec::new(BF16, I64, 64, 50257, 1024)
+            },
+            CeSpec {
+                cached: Some(13),
+                ..CeSpec::new(BF16, I64, 300, 50257, 4096)
+            },
+            CeSpec {
+                cached: Some(13),
+                in_place: true,
+                grid: Some(37),
+                ..CeSpec::new(BF16, I64, 100, 50257, 4096)
+            },
+            CeSpec {
+                cached: Some(26),
+                ..CeSpec::new(BF16, I32, 8, 128_256, 4096)
+            },
+            CeSpec {
+                cached: Some(13),
+                ..CeSpec::new(F32, I64, 16, 50257, 4096)
             },
             CeSpec {
                 cluster: Some((8, 7)),
@@ -444,6 +482,9 @@ pub struct CeSpec {
     /// `Some((C, PARTS))`: the `cross_entropy_cluster` kernels (C blocks per row, each
     /// with PARTS tiles; sm_90a).
     pub cluster: Option<(usize, usize)>,
+    /// `Some(SLOTS)`: the `cross_entropy_cached` kernels (SLOTS tiles of the row kept in
+    /// a scratch buffer between the passes).
+    pub cached: Option<usize>,
 }
 
 impl CeSpec {
@@ -460,28 +501,34 @@ impl CeSpec {
             target_zero: false,
             grid: None,
             cluster: None,
+            cached: None,
         }
     }
 
     /// The kernel this spec runs.
     fn kernel_name(&self) -> &'static str {
-        match (self.cluster.is_some(), self.in_place) {
-            (true, true) => "cross_entropy_cluster_inplace",
-            (true, false) => "cross_entropy_cluster",
-            (false, true) => "cross_entropy_inplace",
-            (false, false) => "cross_entropy",
+        match (self.cluster.is_some(), self.cached.is_some(), self.in_place) {
+            (true, _, true) => "cross_entropy_cluster_inplace",
+            (true, _, false) => "cross_entropy_cluster",
+            (false, true, true) => "cross_entropy_cached_inplace",
+            (false, true, false) => "cross_entropy_cached",
+            (false, false, true) => "cross_entropy_inplace",
+            (false, false, false) => "cross_entropy",
         }
     }
 
     fn label(&self, what: &str) -> String {
         format!(
-            "{} T={} I={} BLOCK={}{} rows={} V={} ignore={} scale={}{}{}",
+            "{} T={} I={} BLOCK={}{}{} rows={} V={} ignore={} scale={}{}{}",
             self.kernel_name(),
             self.dtype,
             self.index,
             self.block,
             self.cluster
                 .map(|(c, p)| format!(" PARTS={p} CLUSTER={c}"))
+                .unwrap_or_default(),
+            self.cached
+                .map(|s| format!(" SLOTS={s}"))
                 .unwrap_or_default(),
             self.rows,
             self.vocab,
@@ -573,6 +620,8 @@ impl CeSpec {
         Case {
             kernel: if self.cluster.is_some() {
                 "cross_entropy_cluster"
+            } else if self.cached.is_some() {
+                "cross_entropy_cached"
             } else {
                 "cross_entropy"
             },
@@ -587,6 +636,9 @@ impl CeSpec {
                 if let Some((c, p)) = self.cluster {
                     d.push(("PARTS", p.to_string()));
                     d.push(("CLUSTER", c.to_string()));
+                }
+                if let Some(s) = self.cached {
+                    d.push(("SLOTS", s.to_string()));
                 }
                 defines(&d)
             },

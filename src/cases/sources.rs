@@ -14,6 +14,8 @@ pub const BUNDLED_KERNELS: &[(&str, &str)] = &[
     ("cross_entropy", "cross_entropy"),
     ("cross_entropy", "cross_entropy_inplace"),
     ("cross_entropy", "ce_loss_mean"),
+    ("cross_entropy_cached", "cross_entropy_cached"),
+    ("cross_entropy_cached", "cross_entropy_cached_inplace"),
     ("cross_entropy_cluster", "cross_entropy_cluster"),
     ("cross_entropy_cluster", "cross_entropy_cluster_inplace"),
     ("layernorm", "layernorm"),

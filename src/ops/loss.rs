@@ -32,6 +32,11 @@ const SOFTMAX_MULTI_BLOCK: usize = 4096;
 /// (BLOCK, warps) candidates of the cross-entropy row kernel for long rows, the default
 /// first.
 const CE_CONFIGS: [(usize, u32); 4] = [(4096, 16), (4096, 8), (2048, 8), (2048, 4)];
+/// (BLOCK, warps) of the scratch-cached candidates (`cross_entropy_cached`).
+const CE_CACHED_CONFIGS: [(usize, u32); 3] = [(4096, 16), (4096, 8), (2048, 8)];
+/// Most scratch bytes a cached candidate uses per block (below the H100's 227 KB and
+/// the A100's 163 KB per block; the conversion scratch comes on top).
+const CE_SCRATCH_BYTES: usize = 150 * 1024;
 /// BLOCK of the one-block `ce_count` and `ce_loss_mean` kernels.
 const REDUCE_BLOCK: usize = 1024;
 
@@ -88,6 +93,11 @@ const CE_CLUSTER_CONFIGS: [(usize, u32, usize); 2] = [(1024, 4, 8), (2048, 8, 8)
 /// 1124 us, G = 132 1035 us; 4096 x 128256: G = rows 1087 us, G = 66 2185 us): fewer
 /// rows in flight starve the memory system more than the L2 misses cost.
 ///
+/// Then the scratch-cached kernel (`cross_entropy_cached`: the row kept in shared memory
+/// between the passes, CE_CACHED_CONFIGS): at 8192 x 50257 bf16 it measured 709-719 us
+/// against 801 for the two-pass kernel on an H100 (all 13 tiles cached); at 4096 x
+/// 128256 only 18 of 32 tiles fit and it measured 1252-1925 us against 1063.
+///
 /// Then, with thread-block clusters (sm_90a) and rows longer than CE_CLUSTER_MIN_VOCAB,
 /// the `cross_entropy_cluster` kernel (a row split over a cluster, so that pass 2
 /// re-reads from L1/L2), a cluster per row. On an H100 it measured 947-1300 us at
@@ -97,7 +107,7 @@ const CE_CLUSTER_CONFIGS: [(usize, u32, usize); 2] = [(1024, 4, 8), (2048, 8, 8)
 /// shape (the cluster kernel wins for few long rows, where a block per row leaves SMs
 /// idle). `kgen bench` keeps such numbers in
 /// docs/PERFORMANCE.md.
-fn ce_configs(rows: usize, vocab: usize, clusters: bool) -> Vec<CeConfig> {
+fn ce_configs(rows: usize, vocab: usize, elem_bytes: usize, clusters: bool) -> Vec<CeConfig> {
     let p = vocab.next_power_of_two().max(32);
     if p <= 2048 {
         return warp_candidates(p)
@@ -110,6 +120,19 @@ fn ce_configs(rows: usize, vocab: usize, clusters: bool) -> Vec<CeConfig> {
         .filter(|&&(b, _)| b <= p.max(4096))
         .map(|&(b, w)| CeConfig::two_pass(b, w, rows))
         .collect();
+    // The row kept in a scratch buffer between the passes (`cross_entropy_cached`): all
+    // of it where it fits CE_SCRATCH_BYTES, else as many tiles as fit (the rest re-read).
+    for (block, warps) in CE_CACHED_CONFIGS {
+        let slots = vocab
+            .div_ceil(block)
+            .min(CE_SCRATCH_BYTES / (block * elem_bytes.max(1)));
+        if slots >= 2 && block <= p.max(4096) {
+            out.push(CeConfig {
+                slots,
+                ..CeConfig::two_pass(block, warps, rows)
+            });
+        }
+    }
     if clusters && vocab > CE_CLUSTER_MIN_VOCAB {
         for (block, warps, cluster) in CE_CLUSTER_CONFIGS {
             out.push(CeConfig {
@@ -118,6 +141,7 @@ fn ce_configs(rows: usize, vocab: usize, clusters: bool) -> Vec<CeConfig> {
                 blocks: rows.saturating_mul(cluster).max(1),
                 cluster,
                 parts: vocab.div_ceil(block).div_ceil(cluster),
+                slots: 0,
             });
         }
     }
@@ -133,6 +157,8 @@ struct CeConfig {
     blocks: usize,
     cluster: usize,
     parts: usize,
+    /// Tiles kept in the scratch buffer (`cross_entropy_cached`); 0: not cached.
+    slots: usize,
 }
 
 impl CeConfig {
@@ -143,6 +169,7 @@ impl CeConfig {
             blocks: rows.max(1),
             cluster: 1,
             parts: 1,
+            slots: 0,
         }
     }
 }
@@ -155,6 +182,11 @@ fn config_labels(configs: &[CeConfig]) -> Vec<String> {
                 format!(
                     "BLOCK={},PARTS={},warps={},CLUSTER={}",
                     c.block, c.parts, c.warps, c.cluster
+                )
+            } else if c.slots > 0 {
+                format!(
+                    "BLOCK={},SLOTS={},warps={},G={}",
+                    c.block, c.slots, c.warps, c.blocks
                 )
             } else {
                 format!("BLOCK={},warps={},G={}", c.block, c.warps, c.blocks)
@@ -447,7 +479,7 @@ impl Ops {
         // 2. Per-row loss and gradient.
         if rows > 0 {
             let clusters = self.device().arch().target().caps.clusters;
-            let configs = ce_configs(rows, vocab, clusters);
+            let configs = ce_configs(rows, vocab, t.size_bytes() as usize, clusters);
             let labels = config_labels(&configs);
             let shape_key = format!("T={t},I={idx},rows={rows},V={vocab}");
             let row_kernel = |i: usize| {
@@ -458,15 +490,21 @@ impl Ops {
                     ("BLOCK", c.block.to_string()),
                 ];
                 let clustered = c.cluster > 1;
+                let cached = c.slots > 0;
                 if clustered {
                     defines.push(("PARTS", c.parts.to_string()));
                     defines.push(("CLUSTER", c.cluster.to_string()));
                 }
-                let name = match (clustered, dx2.is_some()) {
-                    (true, true) => "cross_entropy_cluster",
-                    (true, false) => "cross_entropy_cluster_inplace",
-                    (false, true) => "cross_entropy",
-                    (false, false) => "cross_entropy_inplace",
+                if cached {
+                    defines.push(("SLOTS", c.slots.to_string()));
+                }
+                let name = match (clustered, cached, dx2.is_some()) {
+                    (true, _, true) => "cross_entropy_cluster",
+                    (true, _, false) => "cross_entropy_cluster_inplace",
+                    (false, true, true) => "cross_entropy_cached",
+                    (false, true, false) => "cross_entropy_cached_inplace",
+                    (false, false, true) => "cross_entropy",
+                    (false, false, false) => "cross_entropy_inplace",
                 };
                 let mut tensors = vec![
                     ("logits", &x2),
@@ -479,6 +517,8 @@ impl Ops {
                 }
                 let stem = if clustered {
                     "cross_entropy_cluster"
+                } else if cached {
+                    "cross_entropy_cached"
                 } else {
                     "cross_entropy"
                 };
@@ -660,10 +700,16 @@ mod tests {
         for clusters in [false, true] {
             for v in [1usize, 7, 1000, 2048, 4097, 8193, 50257, 128256] {
                 for rows in [1usize, 7, 8192] {
-                    let c = ce_configs(rows, v, clusters);
+                    let c = ce_configs(rows, v, 2, clusters);
                     assert!(!c.is_empty(), "V={v}");
                     for c in &c {
                         assert!(c.block >= 32 && (1..=16).contains(&c.warps), "{c:?}");
+                        if c.slots > 0 {
+                            // Cached tiles never exceed the row or the scratch budget.
+                            assert!(c.cluster == 1 && c.slots >= 2, "{c:?}");
+                            assert!((c.slots - 1) * c.block < v, "V={v}: {c:?}");
+                            assert!(c.slots * c.block * 2 <= CE_SCRATCH_BYTES, "{c:?}");
+                        }
                         if c.cluster == 1 {
                             assert!((1..=rows).contains(&c.blocks), "V={v}: {c:?}");
                         } else {
@@ -676,13 +722,15 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ce_configs(3, 7, true)[0], CeConfig::two_pass(32, 1, 3));
-        assert_eq!(ce_configs(3, 1000, true)[0].block, 1024);
+        assert_eq!(ce_configs(3, 7, 2, true)[0], CeConfig::two_pass(32, 1, 3));
+        assert_eq!(ce_configs(3, 1000, 2, true)[0].block, 1024);
         assert_eq!(
-            ce_configs(8192, 50257, true)[0],
+            ce_configs(8192, 50257, 2, true)[0],
             CeConfig::two_pass(4096, 16, 8192)
         );
-        let cl = ce_configs(8192, 50257, true);
+        let cl = ce_configs(8192, 50257, 2, true);
+        // The whole bf16 row of 50257 fits: 13 tiles of 4096.
+        assert!(cl.iter().any(|c| c.slots == 13 && c.block == 4096));
         assert!(cl
             .iter()
             .any(|c| c.cluster == 8 && c.parts == 7 && c.block == 1024));

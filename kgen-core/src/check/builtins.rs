@@ -107,6 +107,9 @@ const BUILTINS: &[Builtin] = &[
     b("atomic_add", &["tensor", "offsets", "value"], 3, &["mask"]),
     b("dot", &["a", "b", "acc"], 3, &[]),
     b("cluster_gather", &["x", "size"], 2, &[]),
+    b("scratch", &["slots", "shape", "dtype"], 3, &[]),
+    b("scratch_store", &["buffer", "slot", "value"], 3, &[]),
+    b("scratch_load", &["buffer", "slot"], 2, &[]),
 ];
 
 /// The keyword of a load's or store's L2 eviction policy (Triton's spelling).
@@ -370,6 +373,9 @@ impl Checker<'_> {
             "gather" | "scatter" | "atomic_add" => self.indexed(name, a, span),
             "dot" => self.dot(a, span),
             "cluster_gather" => self.cluster_gather(a, span),
+            "scratch" => self.scratch(a, span),
+            "scratch_store" => self.scratch_store(a, span),
+            "scratch_load" => self.scratch_load(a, span),
             _ => self.error(
                 ErrorCode::UnknownFunction,
                 span,

@@ -27,6 +27,7 @@ mod consteval;
 mod expr;
 mod memory;
 mod scope;
+mod scratch;
 mod shapes;
 mod spec;
 mod stmt;
@@ -66,6 +67,8 @@ pub(crate) enum Ev {
     DType(crate::types::DType),
     /// A tensor parameter (index into `Function::params`).
     Tensor(u32),
+    /// A scratch buffer (index into `Function::scratch`).
+    Scratch(u32),
     /// `[a, b, c]`
     List(Vec<(Ev, Span)>),
     /// The "result" of `store`/`scatter`: no value.

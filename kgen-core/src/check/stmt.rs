@@ -101,7 +101,7 @@ impl Checker<'_> {
                 self.materialize(&v, d, value.span)
                     .map_or(Ev::Poison, Ev::Value)
             }
-            Ev::DType(_) | Ev::Tensor(_) | Ev::List(_) if mutable => {
+            Ev::DType(_) | Ev::Tensor(_) | Ev::Scratch(_) | Ev::List(_) if mutable => {
                 let desc = self.describe(&v);
                 self.error(
                     ErrorCode::WrongKind,
@@ -113,6 +113,11 @@ impl Checker<'_> {
         };
         if let Ev::Value(x) = v {
             self.name_value(x, &name.name);
+        }
+        if let Ev::Scratch(b) = v {
+            if let Some(buf) = self.func.scratch.get_mut(b as usize) {
+                buf.name = name.name.clone();
+            }
         }
         self.bind(
             &name.name,

@@ -39,6 +39,13 @@ impl Checker<'_> {
                     .get(*i as usize)
                     .map_or("?", |p| p.name.as_str())
             ),
+            Ev::Scratch(b) => format!(
+                "the scratch buffer `{}`",
+                self.func
+                    .scratch
+                    .get(*b as usize)
+                    .map_or("?", |s| s.name.as_str())
+            ),
             Ev::List(_) => "a list".into(),
             Ev::Unit => "no value (the result of a `store`, `scatter` or similar)".into(),
             Ev::Poison => "an invalid value".into(),

@@ -37,7 +37,7 @@ mod tests_tile;
 
 use crate::host::ArgValue;
 use crate::ir::{Block, Function, Op, ParamKind, ValueId};
-use crate::types::{DType, ValueType};
+use crate::types::{DType, Scalar, ValueType};
 use std::rc::Rc;
 use value::{checked_numel, scalar_data, Data, Val};
 
@@ -119,12 +119,14 @@ pub fn run(func: &Function, grid: [u32; 3], args: &mut [ArgValue]) -> Result<(),
         pid: [0; 3],
         depth: 0,
         cluster: None,
+        scratch: fresh_scratch(func),
     };
     for z in 0..grid[2] {
         for y in 0..grid[1] {
             for x in 0..grid[0] {
                 m.pid = [x, y, z];
                 m.env.iter_mut().for_each(|e| *e = None);
+                m.scratch = fresh_scratch(func);
                 m.exec_block(&func.body)?;
             }
         }
@@ -165,6 +167,7 @@ fn run_clusters(
                                     pid: [cx * cluster + rank, y, z],
                                     depth: 0,
                                     cluster: Some((rank as usize, sync)),
+                                    scratch: fresh_scratch(func),
                                 };
                                 // A panic must still release the cluster's other blocks.
                                 let r =
@@ -260,6 +263,17 @@ struct Machine<'a> {
     depth: u32,
     /// This block's rank in its cluster and the cluster's meeting point.
     cluster: Option<(usize, &'a cluster::ClusterSync)>,
+    /// This block's scratch buffers: per buffer, per slot, the tile last stored (None:
+    /// never stored by this block; reading it is an error here, unspecified on a GPU).
+    scratch: Vec<Vec<Option<Rc<Val>>>>,
+}
+
+/// Empty scratch buffers for one block.
+fn fresh_scratch(func: &Function) -> Vec<Vec<Option<Rc<Val>>>> {
+    func.scratch
+        .iter()
+        .map(|b| vec![None; b.slots as usize])
+        .collect()
 }
 
 /// The kernel arguments: owned by the one running block, or shared by the blocks of a
@@ -311,6 +325,21 @@ impl Machine<'_> {
         let (d, s) = split_type(ty);
         checked_numel(s)?;
         Ok((d, s.to_vec()))
+    }
+
+    /// The slot index of a scratch access: `Some(k)` in range, `None` out of range
+    /// (masked).
+    fn scratch_slot(&self, buf: u32, slot: ValueId) -> Result<Option<usize>, InterpError> {
+        let slots = self
+            .scratch
+            .get(buf as usize)
+            .ok_or_else(|| bad("no such scratch buffer"))?
+            .len();
+        let k = self
+            .get(slot)?
+            .as_i64()
+            .ok_or_else(|| bad("scratch slot is not an integer scalar"))?;
+        Ok(usize::try_from(k).ok().filter(|&k| k < slots))
     }
 
     /// Runs `f` on tensor parameter `t`.
@@ -581,6 +610,40 @@ impl Machine<'_> {
                 eval::cast_val(&*self.get(*a)?, d)?
             }
             Op::Reduce { op, value, axis } => tile::reduce(*op, &*self.get(*value)?, *axis)?,
+            Op::ScratchLoad { buf, slot } => {
+                let (d, s) = self.result_type(results)?;
+                let k = self.scratch_slot(*buf, *slot)?;
+                match k {
+                    Some(k) => match &self.scratch[*buf as usize][k] {
+                        Some(v) => (**v).clone(),
+                        None => {
+                            return Err(bad(format!(
+                                "scratch_load of slot {k} of buffer #{buf}, which this block \
+                                 has not stored"
+                            )))
+                        }
+                    },
+                    // Out of range: masked, reads 0.
+                    None => {
+                        let n = checked_numel(&s)?;
+                        let zero = if d.is_float() {
+                            Scalar::Float(0.0, d)
+                        } else if d == DType::Bool {
+                            Scalar::Bool(false)
+                        } else {
+                            Scalar::Int(0, d)
+                        };
+                        Val::new(d, s, scalar_data(d, zero, n))?
+                    }
+                }
+            }
+            Op::ScratchStore { buf, slot, value } => {
+                let v = self.get(*value)?;
+                if let Some(k) = self.scratch_slot(*buf, *slot)? {
+                    self.scratch[*buf as usize][k] = Some(v);
+                }
+                return Ok(None);
+            }
             Op::ClusterGather { value, .. } => {
                 let v = (*self.get(*value)?).clone();
                 match self.cluster {

@@ -63,6 +63,17 @@ impl Printer<'_> {
                 }
             }
         }
+        for (i, b) in func.scratch.iter().enumerate() {
+            let shape: Vec<String> = b.slot_shape.iter().map(|d| d.to_string()).collect();
+            writeln!(
+                self.out,
+                "  #{i} {}: scratch {} x tile<{}, [{}]>",
+                b.name,
+                b.slots,
+                b.dtype,
+                shape.join(", ")
+            )?;
+        }
         writeln!(self.out, "{{")?;
         self.block_body(&func.body, 1)?;
         writeln!(self.out, "}}")
@@ -191,6 +202,16 @@ impl Printer<'_> {
                 format!("{op:?}").to_lowercase(),
                 u(self, value)
             ),
+            Op::ScratchLoad { buf, slot } => {
+                format!("scratch_load #{buf}[{}]", u(self, slot))
+            }
+            Op::ScratchStore { buf, slot, value } => {
+                format!(
+                    "scratch_store #{buf}[{}], {}",
+                    u(self, slot),
+                    u(self, value)
+                )
+            }
             Op::ClusterGather { value, size } => {
                 format!("cluster_gather {}, size {size}", u(self, value))
             }

@@ -32,9 +32,26 @@ pub struct Function {
     /// The kernel's name in the source.
     pub source_name: String,
     pub params: Vec<Param>,
+    /// Block-local scratch buffers (`scratch(...)`), indexed by `ScratchLoad::buf`.
+    pub scratch: Vec<ScratchBuf>,
     pub values: Arena<Value>,
     pub insts: Arena<Inst>,
     pub body: Block,
+}
+
+/// A block-local scratch buffer: `slots` tiles of `dtype` and shape `slot_shape`, alive
+/// for the whole kernel, private to the block (shared memory on the GPU). A slot that
+/// the block has not stored reads as unspecified data; out-of-range slots are masked
+/// (stores dropped, loads read 0).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScratchBuf {
+    /// The variable it is bound to (for messages and the IR text), else "scratch".
+    pub name: String,
+    pub dtype: DType,
+    pub slots: u32,
+    pub slot_shape: Vec<u32>,
+    /// The `scratch(...)` call.
+    pub span: Span,
 }
 
 /// A kernel parameter, in source order.
@@ -305,6 +322,20 @@ pub enum Op {
         value: ValueId,
         size: u32,
     },
+    /// `scratch_store(buf, slot, value)`: writes the tile `value` (the buffer's dtype
+    /// and slot shape) into slot `slot` (`i32` scalar) of scratch buffer `buf`. No
+    /// results. Each thread keeps its own elements: a `ScratchLoad` of the slot returns
+    /// them without any synchronization.
+    ScratchStore {
+        buf: u32,
+        slot: ValueId,
+        value: ValueId,
+    },
+    /// `scratch_load(buf, slot)`: the tile in slot `slot` of scratch buffer `buf`.
+    ScratchLoad {
+        buf: u32,
+        slot: ValueId,
+    },
     /// `dot(a, b, acc)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]` (f32 accumulator for
     /// float inputs). Result `acc + a @ b`.
     Dot {
@@ -363,6 +394,8 @@ impl Function {
             | Op::Unary(_, v)
             | Op::Cast(v) => vec![*v],
             Op::Reduce { value, .. } | Op::ClusterGather { value, .. } => vec![*value],
+            Op::ScratchLoad { slot, .. } => vec![*slot],
+            Op::ScratchStore { slot, value, .. } => vec![*slot, *value],
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
             Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![*a, *b, *c],
             Op::Load { index, .. } => index.clone(),
@@ -418,6 +451,7 @@ impl Function {
             Op::Store { .. }
                 | Op::Scatter { .. }
                 | Op::AtomicAdd { .. }
+                | Op::ScratchStore { .. }
                 | Op::For { .. }
                 | Op::If { .. }
                 | Op::Yield(_)
@@ -501,6 +535,7 @@ impl Function {
             name: name.into(),
             source_name: source_name.into(),
             params: Vec::new(),
+            scratch: Vec::new(),
             values: Arena::new(),
             insts: Arena::new(),
             body: Block::default(),

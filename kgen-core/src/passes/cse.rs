@@ -26,6 +26,8 @@ fn is_pure(op: &Op) -> bool {
             | Op::Scatter { .. }
             | Op::AtomicAdd { .. }
             | Op::ClusterGather { .. }
+            | Op::ScratchLoad { .. }
+            | Op::ScratchStore { .. }
             | Op::For { .. }
             | Op::If { .. }
             | Op::Yield(_)

@@ -21,7 +21,9 @@ pub(super) fn operands_mut(op: &mut Op) -> Vec<&mut ValueId> {
         | Op::Unary(_, v)
         | Op::Cast(v)
         | Op::Reduce { value: v, .. }
-        | Op::ClusterGather { value: v, .. } => vec![v],
+        | Op::ClusterGather { value: v, .. }
+        | Op::ScratchLoad { slot: v, .. } => vec![v],
+        Op::ScratchStore { slot, value, .. } => vec![slot, value],
         Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![a, b],
         Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![a, b, c],
         Op::Dot { a, b, acc } => vec![a, b, acc],

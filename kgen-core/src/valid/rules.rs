@@ -38,7 +38,7 @@ fn ensure(cond: bool, msg: impl FnOnce() -> String) -> R {
 pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
     let ty = |v: &ValueId| func.values[*v].ty.clone();
     let n_results = match op {
-        Op::Store { .. } | Op::Scatter { .. } | Op::Yield(_) => 0,
+        Op::Store { .. } | Op::Scatter { .. } | Op::ScratchStore { .. } | Op::Yield(_) => 0,
         Op::For { inits, .. } => inits.len(),
         Op::If { .. } => results.len(),
         _ => 1,
@@ -223,6 +223,34 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             };
             ensure(r == want, || format!("reduce result {r}, expected {want}"))?;
             ensure(a.dtype() != DType::Bool, || "reduce of bool".into())
+        }
+        Op::ScratchLoad { buf, slot } => {
+            let b = func
+                .scratch
+                .get(*buf as usize)
+                .ok_or("no such scratch buffer")?;
+            ensure(ty(slot) == ValueType::Scalar(DType::I32), || {
+                "scratch slot is not an i32 scalar".into()
+            })?;
+            let want = ValueType::Tile(b.dtype, Shape(b.slot_shape.clone()));
+            let r = res_ty()?;
+            ensure(r == want, || {
+                format!("scratch_load result {r}, expected {want}")
+            })
+        }
+        Op::ScratchStore { buf, slot, value } => {
+            let b = func
+                .scratch
+                .get(*buf as usize)
+                .ok_or("no such scratch buffer")?;
+            ensure(ty(slot) == ValueType::Scalar(DType::I32), || {
+                "scratch slot is not an i32 scalar".into()
+            })?;
+            let want = ValueType::Tile(b.dtype, Shape(b.slot_shape.clone()));
+            let v = ty(value);
+            ensure(v == want, || {
+                format!("scratch_store of {v}, expected {want}")
+            })
         }
         Op::ClusterGather { value, size } => {
             let (a, r) = (ty(value), res_ty()?);

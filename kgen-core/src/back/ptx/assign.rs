@@ -254,9 +254,10 @@ impl Assigner<'_> {
                 }
                 self.default_layout(&rshape)
             }
-            Op::Arange { .. } | Op::Load { .. } | Op::ClusterGather { .. } => {
-                self.default_layout(&rshape)
-            }
+            Op::Arange { .. }
+            | Op::Load { .. }
+            | Op::ClusterGather { .. }
+            | Op::ScratchLoad { .. } => self.default_layout(&rshape),
             Op::Unary(_, a) | Op::Cast(a) => self.follow(&[*a], &rshape),
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => self.follow(&[*a, *b], &rshape),
             Op::Select(c, a, b) => self.follow(&[*a, *b, *c], &rshape),

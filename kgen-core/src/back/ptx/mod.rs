@@ -19,6 +19,8 @@ pub mod writer;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_scratch;
 
 use crate::abi::{
     AbiParam, AbiSlot, CompiledKernel, KernelAbi, LaunchHints, SourceParam, Specialization,
@@ -109,6 +111,29 @@ pub fn write(
     let lowered = lower::Lowerer::new(func, &asg, target).run(&loads)?;
     let cluster_bytes = lowered.cluster_slots * lower::SLOT_BYTES;
     if lowered.smem_bytes + cluster_bytes > target.max_shared_bytes_per_block {
+        // Point at the largest scratch buffer when there is one: it is what to shrink.
+        let largest = lowered
+            .scratch_slot_bytes
+            .iter()
+            .enumerate()
+            .zip(&func.scratch)
+            .max_by_key(|((_, &slot), b)| slot as u64 * b.slots as u64);
+        if let Some(((_, &slot_bytes), b)) = largest {
+            return Err(limit(
+                b.span,
+                format!(
+                    "the kernel needs {} bytes of shared memory, {} of them for scratch buffers; {} allows {} per block",
+                    lowered.smem_bytes + cluster_bytes,
+                    lowered.scratch_bytes,
+                    target.arch,
+                    target.max_shared_bytes_per_block
+                ),
+                &format!(
+                    "use fewer or smaller slots: `{}` holds {} tiles of {slot_bytes} bytes",
+                    b.name, b.slots
+                ),
+            ));
+        }
         return Err(limit(
             first_span,
             format!(

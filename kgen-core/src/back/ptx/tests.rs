@@ -893,7 +893,7 @@ kernel mix(x: tensor<bf16, 2, contiguous>, w: tensor<bf16, 1, contiguous>, y: te
 
 /// Compiles a `.kg` source for sm_90a with `warps` warps, assembles it with ptxas when
 /// there is one, and returns the PTX (panics with the rendered diagnostics otherwise).
-fn compile_source_sm90a(src: &str, warps: u32, name: &str) -> String {
+pub(super) fn compile_source_sm90a(src: &str, warps: u32, name: &str) -> String {
     let file = crate::SourceFile::new(format!("{name}.kg"), src);
     let mut opts = crate::CompileOptions::new(Arch::Sm90a);
     opts.num_warps = Some(warps);

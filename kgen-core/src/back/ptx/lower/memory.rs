@@ -464,7 +464,7 @@ impl Lowerer<'_> {
         Some(r)
     }
 
-    fn unpack(&mut self, dt: DType, vec: u32, words: &[Reg]) -> Vec<Reg> {
+    pub(super) fn unpack(&mut self, dt: DType, vec: u32, words: &[Reg]) -> Vec<Reg> {
         match dt.size_bytes() {
             8 | 4 => words.to_vec(),
             2 => {
@@ -518,7 +518,7 @@ impl Lowerer<'_> {
     }
 
     /// Packs element registers into the words stored by one vector store.
-    fn pack(&mut self, dt: DType, elems: &[Reg]) -> (Vec<Reg>, &'static str) {
+    pub(super) fn pack(&mut self, dt: DType, elems: &[Reg]) -> (Vec<Reg>, &'static str) {
         let vec = elems.len();
         match dt.size_bytes() {
             8 => (elems.to_vec(), "b64"),

@@ -19,6 +19,7 @@ mod arith;
 mod cluster;
 mod memory;
 mod reduce;
+mod scratch;
 mod shape;
 
 use super::assign::Assignment;
@@ -97,6 +98,10 @@ pub struct Lowered {
     pub body: Vec<Stmt>,
     pub reg_counts: [u32; 6],
     pub smem_bytes: u32,
+    /// Bytes of `smem_bytes` taken by the scratch buffers, and per buffer its bytes per
+    /// slot.
+    pub scratch_bytes: u32,
+    pub scratch_slot_bytes: Vec<u32>,
     /// Slots of the `kg_cluster` array (0: the kernel exchanges nothing across a cluster).
     pub cluster_slots: u32,
 }
@@ -121,6 +126,11 @@ pub struct Lowerer<'a> {
     bits_cache: HashMap<Vec<(u32, u32)>, Reg>,
     replica_cache: HashMap<u32, Reg>,
     smem_base: Option<Reg>,
+    /// Where the scratch buffers live (`scratch.rs`), their total bytes at the start of
+    /// `kg_smem`, and the register holding `kg_smem`.
+    scratch: Vec<scratch::ScratchPlacement>,
+    scratch_bytes: u32,
+    scratch_base: Option<Reg>,
     /// L2 cache-policy registers (`createpolicy`), one per eviction policy in use.
     policy_cache: HashMap<crate::ir::Eviction, Reg>,
     zero16: Option<Reg>,
@@ -141,6 +151,12 @@ impl<'a> Lowerer<'a> {
     pub fn new(func: &'a Function, asg: &'a Assignment, target: &'a Target) -> Lowerer<'a> {
         let mut uses = HashMap::new();
         count_uses(func, &func.body, &mut uses);
+        let threads = asg.num_warps * 32;
+        let (scratch, scratch_bytes) = scratch::place(
+            &func.scratch,
+            |shape| asg.default_layout(shape).linear(shape, asg.num_warps),
+            threads,
+        );
         Lowerer {
             func,
             asg,
@@ -158,9 +174,12 @@ impl<'a> Lowerer<'a> {
             bits_cache: HashMap::new(),
             replica_cache: HashMap::new(),
             smem_base: None,
+            scratch,
+            scratch_bytes,
+            scratch_base: None,
             policy_cache: HashMap::new(),
             zero16: None,
-            smem_bytes: 0,
+            smem_bytes: scratch_bytes,
             cluster_slots: 0,
             cluster_base: None,
             cluster_lane: None,
@@ -198,6 +217,8 @@ impl<'a> Lowerer<'a> {
             body,
             reg_counts: self.reg_counts,
             smem_bytes: self.smem_bytes,
+            scratch_bytes: self.scratch_bytes,
+            scratch_slot_bytes: self.scratch.iter().map(|p| p.slot_bytes).collect(),
             cluster_slots: self.cluster_slots,
         })
     }
@@ -381,21 +402,40 @@ impl<'a> Lowerer<'a> {
         Some(p)
     }
 
-    /// The shared-memory buffer's address (32-bit, `.shared` window).
+    /// The address (32-bit, `.shared` window) of the shared memory that layout
+    /// conversions and reductions use: `kg_smem`, past the scratch buffers.
     pub fn smem_base(&mut self) -> Reg {
         if let Some(r) = self.smem_base {
             return r;
         }
-        let r =
-            self.in_prologue(|l| l.op1(RegClass::B32, "mov.u32", vec![Operand::Sym(SMEM.into())]));
+        let after_scratch = self.scratch_bytes;
+        let r = if after_scratch == 0 {
+            self.in_prologue(|l| l.op1(RegClass::B32, "mov.u32", vec![Operand::Sym(SMEM.into())]))
+        } else {
+            let base = self.scratch_base();
+            self.in_prologue(|l| {
+                l.op1(
+                    RegClass::B32,
+                    "add.u32",
+                    vec![base.into(), Operand::Imm(after_scratch as i64)],
+                )
+            })
+        };
         self.smem_base = Some(r);
         r
     }
 
-    /// Starts a use of shared memory of `bytes`: waits until every thread is done with
-    /// the previous use.
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        self.num_warps * 32
+    }
+
+    /// Starts a use of shared memory of `bytes` (past the scratch buffers): waits until
+    /// every thread is done with the previous use.
     pub fn smem_begin(&mut self, bytes: u32) -> Reg {
-        self.smem_bytes = self.smem_bytes.max(bytes);
+        self.smem_bytes = self
+            .smem_bytes
+            .max(self.scratch_bytes.saturating_add(bytes));
         self.emit("bar.sync", vec![Operand::Imm(0)]);
         self.smem_base()
     }
@@ -901,6 +941,8 @@ impl<'a> Lowerer<'a> {
             }
             Op::Dot { a, b, acc } => self.lower_dot(id, *a, *b, *acc),
             Op::ClusterGather { .. } => self.lower_cluster_gathers(&[id]),
+            Op::ScratchStore { .. } => self.lower_scratch_store(id),
+            Op::ScratchLoad { .. } => self.lower_scratch_load(id),
         }
     }
 
