@@ -5,8 +5,8 @@
 //! Guarantees: a buffer is a constant number (>= 1) of tiles of one constant shape and a
 //! numeric dtype, registered in `Function::scratch`; a store's value is a tile of exactly
 //! that dtype and shape (no implicit conversion or broadcast); slots are `i32` scalars.
-//! The buffer lives for the whole kernel (declare it outside loops and branches: a
-//! second evaluation of `scratch(...)` is another buffer).
+//! Each `scratch(...)` call in the source is one buffer that lives for the whole kernel
+//! (a call inside a loop body is checked once: one buffer, shared by the iterations).
 
 use super::builtins::Args;
 use super::{Checker, Ev};
