@@ -35,6 +35,19 @@ fn ensure(cond: bool, msg: impl FnOnce() -> String) -> R {
     }
 }
 
+/// The tile type of a slot of scratch buffer `buf`, after checking that the buffer
+/// exists and that the slot index (of type `slot`) is an `i32` scalar.
+fn scratch_slot_type(func: &Function, buf: u32, slot: &ValueType) -> Result<ValueType, String> {
+    let b = func
+        .scratch
+        .get(buf as usize)
+        .ok_or("no such scratch buffer")?;
+    ensure(*slot == ValueType::Scalar(DType::I32), || {
+        "scratch slot is not an i32 scalar".into()
+    })?;
+    Ok(ValueType::Tile(b.dtype, Shape(b.slot_shape.clone())))
+}
+
 pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
     let ty = |v: &ValueId| func.values[*v].ty.clone();
     let n_results = match op {
@@ -225,28 +238,14 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             ensure(a.dtype() != DType::Bool, || "reduce of bool".into())
         }
         Op::ScratchLoad { buf, slot } => {
-            let b = func
-                .scratch
-                .get(*buf as usize)
-                .ok_or("no such scratch buffer")?;
-            ensure(ty(slot) == ValueType::Scalar(DType::I32), || {
-                "scratch slot is not an i32 scalar".into()
-            })?;
-            let want = ValueType::Tile(b.dtype, Shape(b.slot_shape.clone()));
+            let want = scratch_slot_type(func, *buf, &ty(slot))?;
             let r = res_ty()?;
             ensure(r == want, || {
                 format!("scratch_load result {r}, expected {want}")
             })
         }
         Op::ScratchStore { buf, slot, value } => {
-            let b = func
-                .scratch
-                .get(*buf as usize)
-                .ok_or("no such scratch buffer")?;
-            ensure(ty(slot) == ValueType::Scalar(DType::I32), || {
-                "scratch slot is not an i32 scalar".into()
-            })?;
-            let want = ValueType::Tile(b.dtype, Shape(b.slot_shape.clone()));
+            let want = scratch_slot_type(func, *buf, &ty(slot))?;
             let v = ty(value);
             ensure(v == want, || {
                 format!("scratch_store of {v}, expected {want}")
