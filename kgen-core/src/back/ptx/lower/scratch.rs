@@ -62,8 +62,9 @@ pub fn place(
 }
 
 impl Lowerer<'_> {
-    /// This thread's address of chunk 0 of `slot` relative to the buffer's start (the
-    /// accesses add `offset` as an immediate), and the predicate "slot in range".
+    /// This thread's address of chunk 0 of `slot`, less the buffer's offset in `kg_smem`
+    /// (each access adds it, with the chunk's stride, as an immediate), and the
+    /// predicate "slot in range".
     fn scratch_address(
         &mut self,
         buf: u32,
@@ -81,7 +82,7 @@ impl Lowerer<'_> {
         let chunk_bytes = placement.chunk as u32 * es;
         let base = self.scratch_base();
         let tid = self.tid();
-        // Thread part (prologue-invariant, recomputed cheaply): base + offset + t * chunk.
+        // Thread part: kg_smem + t * chunk_bytes (loop-invariant; one `mad` per access).
         let t_off = self.op1(
             RegClass::B32,
             "mad.lo.u32",
