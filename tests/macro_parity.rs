@@ -346,16 +346,22 @@ kernel hinted_copy<BLOCK: int = 1024>(x: tensor<f32, 1, contiguous>, y: tensor<f
 }
 ";
 
-#[test]
-fn eviction_policies_match_kg() {
+/// For every arch: the `.kg` text compiles to PTX containing `needle`, and the macro
+/// form's PTX (`macro_ptx`) is identical to it.
+fn assert_macro_matches_kg(kg_src: &str, macro_ptx: fn(Arch) -> String, needle: &str) {
     for arch in Arch::ALL {
-        let file = SourceFile::new("hinted_copy.kg", HINTED_COPY_KG);
+        let file = SourceFile::new("inline.kg", kg_src);
         let kg = compile(&file, &CompileOptions::new(arch))
             .expect("compiles")
             .ptx;
-        assert!(kg.contains("L2::cache_hint"), "{kg}");
-        assert_eq!(hinted_copy::ptx(arch), kg);
+        assert!(kg.contains(needle), "{kg}");
+        assert_eq!(macro_ptx(arch), kg);
     }
+}
+
+#[test]
+fn eviction_policies_match_kg() {
+    assert_macro_matches_kg(HINTED_COPY_KG, hinted_copy::ptx, "L2::cache_hint");
 }
 
 /// Scratch buffers are builtins like any other in both front ends.
@@ -389,12 +395,5 @@ kernel cached_reverse<BLOCK: int = 256>(x: tensor<f32, 2, contiguous>, y: tensor
 
 #[test]
 fn scratch_buffers_match_kg() {
-    for arch in Arch::ALL {
-        let file = SourceFile::new("cached_reverse.kg", CACHED_REVERSE_KG);
-        let kg = compile(&file, &CompileOptions::new(arch))
-            .expect("compiles")
-            .ptx;
-        assert!(kg.contains("st.shared"), "{kg}");
-        assert_eq!(cached_reverse::ptx(arch), kg);
-    }
+    assert_macro_matches_kg(CACHED_REVERSE_KG, cached_reverse::ptx, "st.shared");
 }

@@ -160,18 +160,7 @@ impl Lowerer<'_> {
 
     /// The address of this block's slots (`.shared` window, 32-bit).
     fn cluster_base(&mut self) -> Reg {
-        if let Some(r) = self.cluster_base {
-            return r;
-        }
-        let r = self.in_prologue(|l| {
-            l.op1(
-                RegClass::B32,
-                "mov.u32",
-                vec![Operand::Sym(CLUSTER_SLOTS.into())],
-            )
-        });
-        self.cluster_base = Some(r);
-        r
+        self.prologue_symbol(|l| &mut l.cluster_base, CLUSTER_SLOTS)
     }
 
     /// The remote address of slot 0 of rank `lane & (C - 1)` and a predicate true in

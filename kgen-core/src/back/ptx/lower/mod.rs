@@ -307,19 +307,24 @@ impl<'a> Lowerer<'a> {
 
     // ---- thread-dependent values (prologue) ------------------------------------------
 
-    pub fn tid(&mut self) -> Reg {
-        if let Some(t) = self.tid {
-            return t;
+    /// A register holding `sym` (`mov.u32` in the prologue), made once and kept in the
+    /// field `cached` selects.
+    pub(super) fn prologue_symbol(
+        &mut self,
+        cached: fn(&mut Self) -> &mut Option<Reg>,
+        sym: &str,
+    ) -> Reg {
+        if let Some(r) = *cached(self) {
+            return r;
         }
-        let t = self.in_prologue(|l| {
-            l.op1(
-                RegClass::B32,
-                "mov.u32",
-                vec![Operand::Sym("%tid.x".into())],
-            )
-        });
-        self.tid = Some(t);
-        t
+        let r =
+            self.in_prologue(|l| l.op1(RegClass::B32, "mov.u32", vec![Operand::Sym(sym.into())]));
+        *cached(self) = Some(r);
+        r
+    }
+
+    pub fn tid(&mut self) -> Reg {
+        self.prologue_symbol(|l| &mut l.tid, "%tid.x")
     }
 
     /// `sum(((tid >> h) & 1) << b)` over the `(h, b)` pairs; `None` for no pairs.
@@ -405,22 +410,21 @@ impl<'a> Lowerer<'a> {
     /// The address (32-bit, `.shared` window) of the shared memory that layout
     /// conversions and reductions use: `kg_smem`, past the scratch buffers.
     pub fn smem_base(&mut self) -> Reg {
+        let after_scratch = self.scratch_bytes;
+        if after_scratch == 0 {
+            return self.prologue_symbol(|l| &mut l.smem_base, SMEM);
+        }
         if let Some(r) = self.smem_base {
             return r;
         }
-        let after_scratch = self.scratch_bytes;
-        let r = if after_scratch == 0 {
-            self.in_prologue(|l| l.op1(RegClass::B32, "mov.u32", vec![Operand::Sym(SMEM.into())]))
-        } else {
-            let base = self.scratch_base();
-            self.in_prologue(|l| {
-                l.op1(
-                    RegClass::B32,
-                    "add.u32",
-                    vec![base.into(), Operand::Imm(after_scratch as i64)],
-                )
-            })
-        };
+        let base = self.scratch_base();
+        let r = self.in_prologue(|l| {
+            l.op1(
+                RegClass::B32,
+                "add.u32",
+                vec![base.into(), Operand::Imm(after_scratch as i64)],
+            )
+        });
         self.smem_base = Some(r);
         r
     }

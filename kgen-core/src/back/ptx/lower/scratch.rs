@@ -157,7 +157,7 @@ impl Lowerer<'_> {
         if dt == DType::Bool {
             return Err(unsupported(span, "scratch buffers of bool"));
         }
-        if self.lin(res) != self.scratch[buf as usize].layout {
+        if self.scratch.get(buf as usize).map(|p| &p.layout) != Some(&self.lin(res)) {
             return Err(unsupported(
                 span,
                 "scratch_load result not in the slot's anchor layout",
@@ -207,18 +207,7 @@ impl Lowerer<'_> {
     /// The start of the scratch buffers: `kg_smem` itself (computed once, in the
     /// prologue).
     pub(super) fn scratch_base(&mut self) -> Reg {
-        if let Some(r) = self.scratch_base {
-            return r;
-        }
-        let r = self.in_prologue(|l| {
-            l.op1(
-                RegClass::B32,
-                "mov.u32",
-                vec![Operand::Sym(super::SMEM.into())],
-            )
-        });
-        self.scratch_base = Some(r);
-        r
+        self.prologue_symbol(|l| &mut l.scratch_base, super::SMEM)
     }
 }
 
