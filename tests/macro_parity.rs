@@ -397,3 +397,44 @@ kernel cached_reverse<BLOCK: int = 256>(x: tensor<f32, 2, contiguous>, y: tensor
 fn scratch_buffers_match_kg() {
     assert_macro_matches_kg(CACHED_REVERSE_KG, cached_reverse::ptx, "st.shared");
 }
+
+/// Asynchronous fetches are builtins like any other in both front ends.
+#[kgen::kernel]
+fn fetched_copy<const BLOCK: i32 = 256>(
+    x: Tensor<f32, 2, Contiguous>,
+    y: Tensor<f32, 2, Contiguous>,
+) {
+    let row = bid(0);
+    let buf = scratch(2, [1, BLOCK], f32);
+    scratch_fetch(
+        buf,
+        0,
+        x,
+        [row, 0],
+        pad = 0.0,
+        eviction_policy = evict_first,
+    );
+    scratch_fetch(buf, 1, x, [row, 1]);
+    scratch_wait(1);
+    store(y, [row, 0], scratch_load(buf, 0));
+    scratch_wait(0);
+    store(y, [row, 1], scratch_load(buf, 1));
+}
+
+const FETCHED_COPY_KG: &str = "
+kernel fetched_copy<BLOCK: int = 256>(x: tensor<f32, 2, contiguous>, y: tensor<f32, 2, contiguous>) {
+    let row = bid(0);
+    let buf = scratch(2, [1, BLOCK], f32);
+    scratch_fetch(buf, 0, x, [row, 0], pad = 0.0, eviction_policy = evict_first);
+    scratch_fetch(buf, 1, x, [row, 1]);
+    scratch_wait(1);
+    store(y, [row, 0], scratch_load(buf, 0));
+    scratch_wait(0);
+    store(y, [row, 1], scratch_load(buf, 1));
+}
+";
+
+#[test]
+fn scratch_fetches_match_kg() {
+    assert_macro_matches_kg(FETCHED_COPY_KG, fetched_copy::ptx, "cp.async.wait_group 1");
+}

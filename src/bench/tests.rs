@@ -49,7 +49,7 @@ fn floor_bytes_names_and_formulas_match_torch_peers() {
         rows.len()
     );
     let ws = workloads();
-    assert_eq!(ws.len(), 20);
+    assert_eq!(ws.len(), 21);
     for w in &ws {
         let name = format!("`{}`", w.name);
         let row = rows
@@ -74,10 +74,14 @@ fn floor_bytes_names_and_formulas_match_torch_peers() {
         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         || w.name == "copy_d2d_1GiB"));
     assert_eq!(ws[0].name, "copy_d2d_1GiB", "the copy runs first");
-    assert!(
-        ws[1..].iter().all(|w| w.target_us.is_some()),
-        "every op has a target"
-    );
+    // Every op of shared/ANCHORS.md has its target; the one extra row (the padded GPT-2
+    // vocabulary, which ANCHORS.md does not list) has none.
+    let untargeted: Vec<&str> = ws[1..]
+        .iter()
+        .filter(|w| w.target_us.is_none())
+        .map(|w| w.name.as_str())
+        .collect();
+    assert_eq!(untargeted, ["cross_entropy_fwdbwd_bf16_8192x50304"]);
 }
 
 #[test]

@@ -106,6 +106,13 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             grid: Some(12),
             ..CeSpec::new(BF16, I64, 10, 1000, 128)
         },
+        // A cluster block caching one of its two tiles (the other re-read).
+        CeSpec {
+            cluster: Some((4, 2)),
+            cached: Some(1),
+            depth: Some(3),
+            ..CeSpec::new(BF16, I32, 9, 1000, 128)
+        },
         CeSpec {
             cluster: Some((2, 1)),
             ..CeSpec::new(BF16, I32, 13, 7, 256)
@@ -127,13 +134,38 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             ..CeSpec::new(BF16, I64, 9, 1000, 128)
         },
         CeSpec {
+            cached: Some(8),
+            no_async: true,
+            ..CeSpec::new(BF16, I64, 9, 1001, 128)
+        },
+        CeSpec {
+            cached: Some(2),
+            no_async: true,
+            in_place: true,
+            ..CeSpec::new(F16, I32, 5, 1001, 256)
+        },
+        CeSpec {
             cached: Some(3),
+            depth: Some(1),
             ..CeSpec::new(F32, I32, 7, 1000, 128)
         },
         CeSpec {
             cached: Some(2),
             in_place: true,
+            depth: Some(4),
             ..CeSpec::new(F16, I64, 7, 4097, 2048)
+        },
+        // 16-byte aligned rows (asynchronous copies on the GPU), a deep pipeline.
+        CeSpec {
+            cached: Some(8),
+            depth: Some(7),
+            ..CeSpec::new(BF16, I64, 9, 1024, 128)
+        },
+        CeSpec {
+            cluster: Some((2, 4)),
+            depth: Some(4),
+            in_place: true,
+            ..CeSpec::new(F32, I32, 9, 1024, 128)
         },
         CeSpec {
             cached: Some(1),
@@ -189,6 +221,11 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             },
             CeSpec {
                 cached: Some(13),
+                no_async: true,
+                ..CeSpec::new(BF16, I64, 300, 50257, 4096)
+            },
+            CeSpec {
+                cached: Some(13),
                 ..CeSpec::new(BF16, I64, 300, 50257, 4096)
             },
             CeSpec {
@@ -221,7 +258,28 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             },
             CeSpec {
                 cluster: Some((8, 16)),
+                cached: Some(12),
                 ..CeSpec::new(BF16, I32, 8, 128_256, 1024)
+            },
+            // The op's candidates for 128256 and 50257 (whole shares cached).
+            CeSpec {
+                cluster: Some((4, 8)),
+                ..CeSpec::new(BF16, I64, 16, 128_256, 4096)
+            },
+            CeSpec {
+                cluster: Some((4, 16)),
+                depth: Some(4),
+                ..CeSpec::new(BF16, I64, 16, 128_256, 2048)
+            },
+            CeSpec {
+                cached: Some(13),
+                depth: Some(4),
+                ..CeSpec::new(BF16, I64, 64, 50304, 4096)
+            },
+            CeSpec {
+                cluster: Some((2, 7)),
+                in_place: true,
+                ..CeSpec::new(BF16, I64, 16, 50257, 4096)
             },
         ];
         for s in &ce_full {
@@ -483,8 +541,13 @@ pub struct CeSpec {
     /// with PARTS tiles; sm_90a).
     pub cluster: Option<(usize, usize)>,
     /// `Some(SLOTS)`: the `cross_entropy_cached` kernels (SLOTS tiles of the row kept in
-    /// a scratch buffer between the passes).
+    /// a scratch buffer between the passes); with `cluster`, the tiles each cluster
+    /// block caches (default: all PARTS).
     pub cached: Option<usize>,
+    /// DEPTH (fetches in flight) of the cached and cluster kernels (None: the default).
+    pub depth: Option<usize>,
+    /// `cross_entropy_cached` with ASYNC = false (register prefetch, no fetches).
+    pub no_async: bool,
 }
 
 impl CeSpec {
@@ -502,6 +565,8 @@ impl CeSpec {
             grid: None,
             cluster: None,
             cached: None,
+            depth: None,
+            no_async: false,
         }
     }
 
@@ -529,7 +594,12 @@ impl CeSpec {
                 .unwrap_or_default(),
             self.cached
                 .map(|s| format!(" SLOTS={s}"))
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                + &self
+                    .depth
+                    .map(|d| format!(" DEPTH={d}"))
+                    .unwrap_or_default()
+                + if self.no_async { " ASYNC=false" } else { "" },
             self.rows,
             self.vocab,
             self.ignore_index,
@@ -636,9 +706,16 @@ impl CeSpec {
                 if let Some((c, p)) = self.cluster {
                     d.push(("PARTS", p.to_string()));
                     d.push(("CLUSTER", c.to_string()));
-                }
-                if let Some(s) = self.cached {
+                    // The cluster kernels cache all PARTS tiles unless told fewer.
+                    d.push(("SLOTS", self.cached.unwrap_or(p).to_string()));
+                } else if let Some(s) = self.cached {
                     d.push(("SLOTS", s.to_string()));
+                }
+                if let Some(depth) = self.depth {
+                    d.push(("DEPTH", depth.to_string()));
+                }
+                if self.no_async {
+                    d.push(("ASYNC", "false".to_string()));
                 }
                 defines(&d)
             },

@@ -32,8 +32,15 @@ const SOFTMAX_MULTI_BLOCK: usize = 4096;
 /// (BLOCK, warps) candidates of the cross-entropy row kernel for long rows, the default
 /// first.
 const CE_CONFIGS: [(usize, u32); 4] = [(4096, 16), (4096, 8), (2048, 8), (2048, 4)];
-/// (BLOCK, warps) of the scratch-cached candidates (`cross_entropy_cached`).
-const CE_CACHED_CONFIGS: [(usize, u32); 3] = [(4096, 16), (4096, 8), (2048, 8)];
+/// (BLOCK, warps, DEPTH: fetches in flight) of the scratch-cached candidates
+/// (`cross_entropy_cached`).
+const CE_CACHED_CONFIGS: [(usize, u32, usize); 5] = [
+    (4096, 16, 2),
+    (4096, 8, 2),
+    (4096, 8, 4),
+    (4096, 8, 6),
+    (2048, 8, 4),
+];
 /// Most scratch bytes a cached candidate uses per block (below the H100's 227 KB and
 /// the A100's 163 KB per block; the conversion scratch comes on top).
 const CE_SCRATCH_BYTES: usize = 150 * 1024;
@@ -81,8 +88,22 @@ fn warp_candidates(elems: usize) -> Vec<u32> {
 
 /// Rows longer than this take the cluster kernel where there are clusters.
 const CE_CLUSTER_MIN_VOCAB: usize = 8192;
-/// (BLOCK, warps, CLUSTER) candidates of the cluster kernel.
-const CE_CLUSTER_CONFIGS: [(usize, u32, usize); 2] = [(1024, 4, 8), (2048, 8, 8)];
+/// (BLOCK, warps, CLUSTER, DEPTH) candidates of the cluster kernel (each block fetches
+/// its share of the row into a scratch buffer where it fits CE_CLUSTER_SCRATCH_BYTES,
+/// DEPTH fetches in flight).
+const CE_CLUSTER_CONFIGS: [(usize, u32, usize, usize); 8] = [
+    (4096, 16, 2, 2),
+    (2048, 8, 2, 4),
+    (4096, 16, 4, 2),
+    (2048, 8, 4, 4),
+    (1024, 4, 4, 4),
+    (2048, 8, 8, 4),
+    (1024, 4, 8, 4),
+    (1024, 4, 8, 6),
+];
+/// Most scratch bytes per block of a cluster candidate: at most 64 KB, so that three
+/// blocks share an SM (loads of one overlap the stores of another).
+const CE_CLUSTER_SCRATCH_BYTES: usize = 64 * 1024;
 
 /// Cross-entropy row-kernel candidates for `rows` rows of `vocab` logits, the default
 /// first.
@@ -94,19 +115,19 @@ const CE_CLUSTER_CONFIGS: [(usize, u32, usize); 2] = [(1024, 4, 8), (2048, 8, 8)
 /// rows in flight starve the memory system more than the L2 misses cost.
 ///
 /// Then the scratch-cached kernel (`cross_entropy_cached`: the row kept in shared memory
-/// between the passes, CE_CACHED_CONFIGS): at 8192 x 50257 bf16 it measured 709-719 us
-/// against 801 for the two-pass kernel on an H100 (all 13 tiles cached); at 4096 x
-/// 128256 only 18 of 32 tiles fit and it measured 1252-1925 us against 1063.
+/// between the passes, CE_CACHED_CONFIGS; ASYNC = rows `cp.async` can copy, so the tiles
+/// stream in by `scratch_fetch`, DEPTH in flight): on an H100, tuner medians, 8192 x
+/// 50304 bf16 (16-byte rows) 532-570 us against 687-738 for the two-pass kernel, 8192 x
+/// 50257 (2-byte rows: register prefetch) 709-716 against 802-974; at 4096 x 128256 only
+/// 18 of 32 tiles fit (1029-1377 us).
 ///
 /// Then, with thread-block clusters (sm_90a) and rows longer than CE_CLUSTER_MIN_VOCAB,
-/// the `cross_entropy_cluster` kernel (a row split over a cluster, so that pass 2
-/// re-reads from L1/L2), a cluster per row. On an H100 it measured 947-1300 us at
-/// 8192 x 50257 (issue-bound: an odd row length allows only 2-byte accesses, each
-/// with its own mask) and 1112-1940 us at 4096 x 128256, against 824-837 and
-/// 1087-1096 us for the two-pass kernel, which stays the default; the tuner decides per
-/// shape (the cluster kernel wins for few long rows, where a block per row leaves SMs
-/// idle). `kgen bench` keeps such numbers in
-/// docs/PERFORMANCE.md.
+/// the `cross_entropy_cluster` kernel: a row split over a cluster, each block fetching
+/// its share into a scratch buffer (CE_CLUSTER_CONFIGS), a cluster per row. It is the
+/// one for rows too long for one block's shared memory: 4096 x 128256 measured 821-983
+/// us (1024-wide tiles, 4 warps, clusters of 8 the fastest) against 1063-1100 for the
+/// two-pass kernel; at 50257 / 50304 it measured 839-1651 / 579-1119 us. The tuner
+/// decides per shape; `kgen bench` keeps such numbers in docs/PERFORMANCE.md.
 fn ce_configs(rows: usize, vocab: usize, elem_bytes: usize, clusters: bool) -> Vec<CeConfig> {
     let p = vocab.next_power_of_two().max(32);
     if p <= 2048 {
@@ -122,26 +143,35 @@ fn ce_configs(rows: usize, vocab: usize, elem_bytes: usize, clusters: bool) -> V
         .collect();
     // The row kept in a scratch buffer between the passes (`cross_entropy_cached`): all
     // of it where it fits CE_SCRATCH_BYTES, else as many tiles as fit (the rest re-read).
-    for (block, warps) in CE_CACHED_CONFIGS {
+    for (block, warps, depth) in CE_CACHED_CONFIGS {
         let slots = vocab
             .div_ceil(block)
             .min(CE_SCRATCH_BYTES / (block * elem_bytes.max(1)));
         if slots >= 2 && block <= p.max(4096) {
             out.push(CeConfig {
                 slots,
+                depth,
                 ..CeConfig::two_pass(block, warps, rows)
             });
         }
     }
     if clusters && vocab > CE_CLUSTER_MIN_VOCAB {
-        for (block, warps, cluster) in CE_CLUSTER_CONFIGS {
+        for (block, warps, cluster, depth) in CE_CLUSTER_CONFIGS {
+            let parts = vocab.div_ceil(block).div_ceil(cluster);
+            let slots = parts.min(CE_CLUSTER_SCRATCH_BYTES / (block * elem_bytes.max(1)));
+            // Only where the scratch buffer holds most of the block's share: a cluster
+            // block that re-reads its tiles measured slower than the one-block kernels.
+            if 2 * slots < parts {
+                continue;
+            }
             out.push(CeConfig {
                 block,
                 warps,
                 blocks: rows.saturating_mul(cluster).max(1),
                 cluster,
-                parts: vocab.div_ceil(block).div_ceil(cluster),
-                slots: 0,
+                parts,
+                slots,
+                depth,
             });
         }
     }
@@ -159,6 +189,8 @@ struct CeConfig {
     parts: usize,
     /// Tiles kept in the scratch buffer (`cross_entropy_cached`); 0: not cached.
     slots: usize,
+    /// Fetches in flight (cached and cluster kernels).
+    depth: usize,
 }
 
 impl CeConfig {
@@ -170,6 +202,7 @@ impl CeConfig {
             cluster: 1,
             parts: 1,
             slots: 0,
+            depth: 0,
         }
     }
 }
@@ -180,13 +213,13 @@ fn config_labels(configs: &[CeConfig]) -> Vec<String> {
         .map(|c| {
             if c.cluster > 1 {
                 format!(
-                    "BLOCK={},PARTS={},warps={},CLUSTER={}",
-                    c.block, c.parts, c.warps, c.cluster
+                    "BLOCK={},PARTS={},SLOTS={},DEPTH={},warps={},CLUSTER={}",
+                    c.block, c.parts, c.slots, c.depth, c.warps, c.cluster
                 )
             } else if c.slots > 0 {
                 format!(
-                    "BLOCK={},SLOTS={},warps={},G={}",
-                    c.block, c.slots, c.warps, c.blocks
+                    "BLOCK={},SLOTS={},DEPTH={},warps={},G={}",
+                    c.block, c.slots, c.depth, c.warps, c.blocks
                 )
             } else {
                 format!("BLOCK={},warps={},G={}", c.block, c.warps, c.blocks)
@@ -482,6 +515,7 @@ impl Ops {
             let configs = ce_configs(rows, vocab, t.size_bytes() as usize, clusters);
             let labels = config_labels(&configs);
             let shape_key = format!("T={t},I={idx},rows={rows},V={vocab}");
+            let async_rows = kgen_runtime::tensor_alignment(&x2) >= 4;
             let row_kernel = |i: usize| {
                 let c = configs[i];
                 let mut defines = vec![
@@ -497,6 +531,11 @@ impl Ops {
                 }
                 if cached {
                     defines.push(("SLOTS", c.slots.to_string()));
+                    defines.push(("DEPTH", c.depth.to_string()));
+                    if !clustered {
+                        // Asynchronous fetches where cp.async can copy the rows.
+                        defines.push(("ASYNC", async_rows.to_string()));
+                    }
                 }
                 let name = match (clustered, cached, dx2.is_some()) {
                     (true, _, true) => "cross_entropy_cluster",
@@ -706,9 +745,15 @@ mod tests {
                         assert!(c.block >= 32 && (1..=16).contains(&c.warps), "{c:?}");
                         if c.slots > 0 {
                             // Cached tiles never exceed the row or the scratch budget.
-                            assert!(c.cluster == 1 && c.slots >= 2, "{c:?}");
-                            assert!((c.slots - 1) * c.block < v, "V={v}: {c:?}");
                             assert!(c.slots * c.block * 2 <= CE_SCRATCH_BYTES, "{c:?}");
+                            if c.cluster == 1 {
+                                assert!(c.slots >= 2, "{c:?}");
+                                assert!((c.slots - 1) * c.block < v, "V={v}: {c:?}");
+                            } else {
+                                // A cluster block caches most of its own tiles, no more.
+                                assert!(2 * c.slots >= c.parts && c.slots <= c.parts, "{c:?}");
+                                assert!(c.slots * c.block * 2 <= CE_CLUSTER_SCRATCH_BYTES);
+                            }
                         }
                         if c.cluster == 1 {
                             assert!((1..=rows).contains(&c.blocks), "V={v}: {c:?}");
@@ -733,7 +778,15 @@ mod tests {
         assert!(cl.iter().any(|c| c.slots == 13 && c.block == 4096));
         assert!(cl
             .iter()
-            .any(|c| c.cluster == 8 && c.parts == 7 && c.block == 1024));
+            .any(|c| c.cluster == 8 && c.parts == 7 && c.slots == 7 && c.block == 1024));
+        // 128256 bf16 (250 KB a row): four blocks of 64 KB each hold a whole row.
+        assert!(ce_configs(4096, 128256, 2, true)
+            .iter()
+            .any(|c| c.cluster == 4
+                && c.parts == 8
+                && c.slots == 8
+                && c.block == 4096
+                && c.warps == 16));
         assert_eq!(softmax_block(4097), 8192);
         assert_eq!(softmax_block(8193), 4096);
     }

@@ -110,6 +110,13 @@ const BUILTINS: &[Builtin] = &[
     b("scratch", &["slots", "shape", "dtype"], 3, &[]),
     b("scratch_store", &["buffer", "slot", "value"], 3, &[]),
     b("scratch_load", &["buffer", "slot"], 2, &[]),
+    b(
+        "scratch_fetch",
+        &["buffer", "slot", "tensor", "index"],
+        4,
+        &["pad", "eviction_policy"],
+    ),
+    b("scratch_wait", &["pending"], 1, &[]),
 ];
 
 /// The keyword of a load's or store's L2 eviction policy (Triton's spelling).
@@ -376,6 +383,8 @@ impl Checker<'_> {
             "scratch" => self.scratch(a, span),
             "scratch_store" => self.scratch_store(a, span),
             "scratch_load" => self.scratch_load(a, span),
+            "scratch_fetch" => self.scratch_fetch(a, span),
+            "scratch_wait" => self.scratch_wait(a, span),
             _ => self.error(
                 ErrorCode::UnknownFunction,
                 span,

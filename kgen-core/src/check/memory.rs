@@ -19,14 +19,18 @@ use crate::types::{DType, Scalar, Shape, ValueType};
 
 impl Checker<'_> {
     /// The tensor argument of a memory builtin and its declaration.
-    fn tensor_arg(&mut self, arg: &(Ev, Span)) -> Option<(u32, TensorParam)> {
+    pub(super) fn tensor_arg(&mut self, arg: &(Ev, Span)) -> Option<(u32, TensorParam)> {
         let t = self.expect_tensor(arg)?;
         let tp = self.func.tensor_param(t).cloned()?;
         Some((t, tp))
     }
 
     /// One i32 scalar per tensor dimension (tile coordinates of `load`/`store`).
-    fn tile_index(&mut self, tp: &TensorParam, arg: &(Ev, Span)) -> Option<Vec<ValueId>> {
+    pub(super) fn tile_index(
+        &mut self,
+        tp: &TensorParam,
+        arg: &(Ev, Span),
+    ) -> Option<Vec<ValueId>> {
         let rank = tp.rank();
         let Ev::List(items) = &arg.0 else {
             let desc = self.describe(&arg.0);
@@ -78,7 +82,12 @@ impl Checker<'_> {
     }
 
     /// A constant of the tensor's dtype for `pad` / `other` (default 0).
-    fn fill_value(&mut self, arg: Option<(Ev, Span)>, dtype: DType, what: &str) -> Option<Scalar> {
+    pub(super) fn fill_value(
+        &mut self,
+        arg: Option<(Ev, Span)>,
+        dtype: DType,
+        what: &str,
+    ) -> Option<Scalar> {
         let Some((e, sp)) = arg else {
             return super::scalar_const(dtype, &Ev::Int(0)).or(Some(Scalar::Bool(false)));
         };

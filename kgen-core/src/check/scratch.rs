@@ -1,10 +1,13 @@
 //! Block-local scratch buffers: `scratch(slots, shape, dtype)`, `scratch_store(buf,
-//! slot, x)`, `scratch_load(buf, slot)`.
+//! slot, x)`, `scratch_load(buf, slot)`, and the asynchronous `scratch_fetch(buf, slot,
+//! tensor, index)` / `scratch_wait(pending)`.
 //!
 //! Assumes: called from the builtin dispatch with arity-checked arguments.
 //! Guarantees: a buffer is a constant number (>= 1) of tiles of one constant shape and a
 //! numeric dtype, registered in `Function::scratch`; a store's value is a tile of exactly
-//! that dtype and shape (no implicit conversion or broadcast); slots are `i32` scalars.
+//! that dtype and shape (no implicit conversion or broadcast); slots are `i32` scalars;
+//! a fetch reads a tensor of the buffer's dtype and the slots' rank (its tile has the
+//! slot shape); a wait leaves a constant 0..=7 fetches in flight.
 //! Each `scratch(...)` call in the source is one buffer that lives for the whole kernel
 //! (a call inside a loop body is checked once: one buffer, shared by the iterations).
 
@@ -17,6 +20,8 @@ use crate::types::{DType, Shape, ValueType};
 
 /// Most slots of one scratch buffer (the shared-memory limit is checked by the back end).
 const MAX_SLOTS: i64 = 1 << 16;
+/// Most fetches `scratch_wait` may leave in flight (`cp.async.wait_group` takes 0..=7).
+const MAX_PENDING: i64 = 7;
 
 impl Checker<'_> {
     /// `scratch(slots, shape, dtype)`.
@@ -99,6 +104,75 @@ impl Checker<'_> {
         let b = &self.func.scratch[buf as usize];
         let ty = ValueType::Tile(b.dtype, Shape(b.slot_shape.clone()));
         self.emit1(Op::ScratchLoad { buf, slot }, ty, span)
+    }
+
+    /// `scratch_fetch(buf, slot, tensor, index, pad = .., eviction_policy = ..)`: an
+    /// asynchronous `scratch_store(buf, slot, load(tensor, index, <slot shape>, pad))`.
+    pub(crate) fn scratch_fetch(&mut self, a: &Args, span: Span) -> Ev {
+        let Some(buf) = self.expect_scratch(&a.p(0)) else {
+            return Ev::Poison;
+        };
+        let slot = self.scratch_slot(&a.p(1));
+        let Some((t, tp)) = self.tensor_arg(&a.p(2)) else {
+            return Ev::Poison;
+        };
+        let index = self.tile_index(&tp, &a.p(3));
+        let (Some(slot), Some(index)) = (slot, index) else {
+            return Ev::Poison;
+        };
+        let b = &self.func.scratch[buf as usize];
+        let (name, decl, dtype, shape) = (b.name.clone(), b.span, b.dtype, b.slot_shape.clone());
+        if tp.dtype != dtype || shape.len() != tp.rank() {
+            let want = ValueType::Tile(dtype, Shape(shape.clone()));
+            let what = if tp.dtype != dtype {
+                format!("a `{}` tensor", tp.dtype)
+            } else {
+                format!("a rank-{} tensor", tp.rank())
+            };
+            return self.push(
+                Diagnostic::error(
+                    ErrorCode::TypeMismatch,
+                    a.p(2).1,
+                    format!("cannot fetch from {what} into `{name}`, whose slots are `{want}`"),
+                )
+                .with_secondary(decl, format!("`{name}` is declared here"))
+                .with_note(
+                    "help: the tensor must have the slots' dtype and rank (use 1 for a \
+                     dimension you index one at a time)",
+                ),
+            );
+        }
+        let Some(padding) = self.fill_value(a.kw("pad"), dtype, "pad") else {
+            return Ev::Poison;
+        };
+        self.emit(
+            Op::ScratchFetch {
+                buf,
+                slot,
+                tensor: t,
+                index,
+                padding,
+                eviction: a.eviction,
+            },
+            vec![],
+            span,
+        );
+        Ev::Unit
+    }
+
+    /// `scratch_wait(pending)`: a constant count of fetches left in flight.
+    pub(crate) fn scratch_wait(&mut self, a: &Args, span: Span) -> Ev {
+        let Some(pending) = self.const_int(&a.p(0), 0, MAX_PENDING, "`scratch_wait` count") else {
+            return Ev::Poison;
+        };
+        self.emit(
+            Op::ScratchWait {
+                pending: pending as u32,
+            },
+            vec![],
+            span,
+        );
+        Ev::Unit
     }
 
     /// A scratch buffer argument, else `WrongKind`.

@@ -38,6 +38,7 @@ mod tests_tile;
 use crate::host::ArgValue;
 use crate::ir::{Block, Function, Op, ParamKind, ValueId};
 use crate::types::{DType, Scalar, ValueType};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use value::{checked_numel, scalar_data, Data, Val};
 
@@ -56,6 +57,15 @@ pub enum InterpError {
         index: usize,
         expected: DType,
         got: DType,
+    },
+    #[error(
+        "{what} of slot {slot} of scratch buffer `{buf}` while a scratch_fetch into it is \
+         in flight (complete it with scratch_wait first)"
+    )]
+    FetchInFlight {
+        what: String,
+        slot: usize,
+        buf: String,
     },
     #[error("argument {index}: expected rank {expected}, got {got} extents and {strides} strides")]
     ArgRank {
@@ -120,6 +130,7 @@ pub fn run(func: &Function, grid: [u32; 3], args: &mut [ArgValue]) -> Result<(),
         depth: 0,
         cluster: None,
         scratch: fresh_scratch(func),
+        fetches: VecDeque::new(),
     };
     for z in 0..grid[2] {
         for y in 0..grid[1] {
@@ -127,6 +138,7 @@ pub fn run(func: &Function, grid: [u32; 3], args: &mut [ArgValue]) -> Result<(),
                 m.pid = [x, y, z];
                 m.env.iter_mut().for_each(|e| *e = None);
                 m.scratch = fresh_scratch(func);
+                m.fetches.clear();
                 m.exec_block(&func.body)?;
             }
         }
@@ -168,6 +180,7 @@ fn run_clusters(
                                     depth: 0,
                                     cluster: Some((rank as usize, sync)),
                                     scratch: fresh_scratch(func),
+                                    fetches: VecDeque::new(),
                                 };
                                 // A panic must still release the cluster's other blocks.
                                 let r =
@@ -266,6 +279,10 @@ struct Machine<'a> {
     /// This block's scratch buffers: per buffer, per slot, the tile last stored (None:
     /// never stored by this block; reading it is an error here, unspecified on a GPU).
     scratch: Vec<Vec<Option<Rc<Val>>>>,
+    /// This block's `scratch_fetch`es not yet completed by a `scratch_wait`, oldest
+    /// first: (buffer, slot, the tile read at the fetch), or None for a fetch into an
+    /// out-of-range slot (it copies nothing but counts).
+    fetches: VecDeque<Option<(u32, usize, Rc<Val>)>>,
 }
 
 /// Empty scratch buffers for one block.
@@ -325,6 +342,27 @@ impl Machine<'_> {
         let (d, s) = split_type(ty);
         checked_numel(s)?;
         Ok((d, s.to_vec()))
+    }
+
+    /// An error if slot `k` of `buf` has a fetch in flight (`what`: the access).
+    fn check_no_fetch_in_flight(&self, buf: u32, k: usize, what: &str) -> Result<(), InterpError> {
+        if self
+            .fetches
+            .iter()
+            .flatten()
+            .any(|(b, s, _)| *b == buf && *s == k)
+        {
+            return Err(InterpError::FetchInFlight {
+                what: what.to_string(),
+                slot: k,
+                buf: self
+                    .func
+                    .scratch
+                    .get(buf as usize)
+                    .map_or_else(|| format!("#{buf}"), |b| b.name.clone()),
+            });
+        }
+        Ok(())
     }
 
     /// The slot index of a scratch access: `Some(k)` in range, `None` out of range
@@ -613,6 +651,9 @@ impl Machine<'_> {
             Op::ScratchLoad { buf, slot } => {
                 let (d, s) = self.result_type(results)?;
                 let k = self.scratch_slot(*buf, *slot)?;
+                if let Some(k) = k {
+                    self.check_no_fetch_in_flight(*buf, k, "scratch_load")?;
+                }
                 match k {
                     Some(k) => match &self.scratch[*buf as usize][k] {
                         Some(v) => (**v).clone(),
@@ -640,7 +681,51 @@ impl Machine<'_> {
             Op::ScratchStore { buf, slot, value } => {
                 let v = self.get(*value)?;
                 if let Some(k) = self.scratch_slot(*buf, *slot)? {
+                    self.check_no_fetch_in_flight(*buf, k, "scratch_store")?;
                     self.scratch[*buf as usize][k] = Some(v);
+                }
+                return Ok(None);
+            }
+            Op::ScratchFetch {
+                buf,
+                slot,
+                tensor,
+                index,
+                padding,
+                ..
+            } => {
+                // The tile is read now; it lands in the slot when a wait completes the
+                // fetch (until then the slot may not be read or written).
+                let k = self.scratch_slot(*buf, *slot)?;
+                let b = self
+                    .func
+                    .scratch
+                    .get(*buf as usize)
+                    .ok_or_else(|| bad("no such scratch buffer"))?;
+                let (d, s) = (b.dtype, b.slot_shape.clone());
+                let fetch = match k {
+                    Some(k) => {
+                        self.check_no_fetch_in_flight(*buf, k, "scratch_fetch")?;
+                        let base = self.tile_base(index, &s)?;
+                        let data = self.with_tensor(*tensor, |t| {
+                            if t.dtype != d {
+                                return Err(bad(format!("fetch of {d} from a {} tensor", t.dtype)));
+                            }
+                            let offs = memory::tile_offsets(t, &base, &s)?;
+                            memory::read(t, &offs, &scalar_data(d, *padding, 1))
+                        })?;
+                        Some((*buf, k, Rc::new(Val::new(d, s, data)?)))
+                    }
+                    None => None,
+                };
+                self.fetches.push_back(fetch);
+                return Ok(None);
+            }
+            Op::ScratchWait { pending } => {
+                while self.fetches.len() > *pending as usize {
+                    if let Some(Some((b, k, v))) = self.fetches.pop_front() {
+                        self.scratch[b as usize][k] = Some(v);
+                    }
                 }
                 return Ok(None);
             }

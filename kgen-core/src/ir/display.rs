@@ -205,6 +205,21 @@ impl Printer<'_> {
             Op::ScratchLoad { buf, slot } => {
                 format!("scratch_load #{buf}[{}]", u(self, slot))
             }
+            Op::ScratchFetch {
+                buf,
+                slot,
+                tensor,
+                index,
+                padding,
+                eviction,
+            } => format!(
+                "scratch_fetch #{buf}[{}], {}[{}] pad {padding}{}",
+                u(self, slot),
+                self.tensor(*tensor),
+                self.list(index),
+                eviction_suffix(*eviction)
+            ),
+            Op::ScratchWait { pending } => format!("scratch_wait {pending}"),
             Op::ScratchStore { buf, slot, value } => {
                 format!(
                     "scratch_store #{buf}[{}], {}",

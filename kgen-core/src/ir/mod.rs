@@ -336,6 +336,25 @@ pub enum Op {
         buf: u32,
         slot: ValueId,
     },
+    /// `scratch_fetch(buf, slot, tensor, index, pad)`: starts copying the tile of
+    /// `tensor` at tile coordinates `index` (the slot's shape; out-of-bounds elements
+    /// read `padding`) into slot `slot` of `buf`, asynchronously: the slot may be read
+    /// or written only after a `ScratchWait` has completed the fetch. Every fetch is one
+    /// group of the block's in-flight fetches (an out-of-range slot too: nothing is
+    /// copied, but it counts). No results.
+    ScratchFetch {
+        buf: u32,
+        slot: ValueId,
+        tensor: u32,
+        index: Vec<ValueId>,
+        padding: Scalar,
+        eviction: Eviction,
+    },
+    /// `scratch_wait(pending)`: waits until at most the `pending` most recent
+    /// `ScratchFetch`es of this block are still in flight. No results.
+    ScratchWait {
+        pending: u32,
+    },
     /// `dot(a, b, acc)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]` (f32 accumulator for
     /// float inputs). Result `acc + a @ b`.
     Dot {
@@ -396,6 +415,12 @@ impl Function {
             Op::Reduce { value, .. } | Op::ClusterGather { value, .. } => vec![*value],
             Op::ScratchLoad { slot, .. } => vec![*slot],
             Op::ScratchStore { slot, value, .. } => vec![*slot, *value],
+            Op::ScratchFetch { slot, index, .. } => {
+                let mut v = vec![*slot];
+                v.extend(index.iter().copied());
+                v
+            }
+            Op::ScratchWait { .. } => vec![],
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
             Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![*a, *b, *c],
             Op::Load { index, .. } => index.clone(),
@@ -452,6 +477,8 @@ impl Function {
                 | Op::Scatter { .. }
                 | Op::AtomicAdd { .. }
                 | Op::ScratchStore { .. }
+                | Op::ScratchFetch { .. }
+                | Op::ScratchWait { .. }
                 | Op::For { .. }
                 | Op::If { .. }
                 | Op::Yield(_)

@@ -28,6 +28,8 @@ fn is_pure(op: &Op) -> bool {
             | Op::ClusterGather { .. }
             | Op::ScratchLoad { .. }
             | Op::ScratchStore { .. }
+            | Op::ScratchFetch { .. }
+            | Op::ScratchWait { .. }
             | Op::For { .. }
             | Op::If { .. }
             | Op::Yield(_)

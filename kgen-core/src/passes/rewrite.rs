@@ -24,6 +24,10 @@ pub(super) fn operands_mut(op: &mut Op) -> Vec<&mut ValueId> {
         | Op::ClusterGather { value: v, .. }
         | Op::ScratchLoad { slot: v, .. } => vec![v],
         Op::ScratchStore { slot, value, .. } => vec![slot, value],
+        Op::ScratchFetch { slot, index, .. } => {
+            std::iter::once(slot).chain(index.iter_mut()).collect()
+        }
+        Op::ScratchWait { .. } => vec![],
         Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![a, b],
         Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![a, b, c],
         Op::Dot { a, b, acc } => vec![a, b, acc],

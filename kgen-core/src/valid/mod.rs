@@ -248,7 +248,9 @@ impl Validator<'_> {
             }
         };
         match op {
-            Op::Load { tensor, .. } | Op::Gather { tensor, .. } => mark(tensor, true, false),
+            Op::Load { tensor, .. }
+            | Op::Gather { tensor, .. }
+            | Op::ScratchFetch { tensor, .. } => mark(tensor, true, false),
             Op::Store { tensor, .. } | Op::Scatter { tensor, .. } => mark(tensor, false, true),
             Op::AtomicAdd { tensor, .. } => {
                 mark(tensor, true, true);

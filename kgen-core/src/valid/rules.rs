@@ -51,7 +51,12 @@ fn scratch_slot_type(func: &Function, buf: u32, slot: &ValueType) -> Result<Valu
 pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
     let ty = |v: &ValueId| func.values[*v].ty.clone();
     let n_results = match op {
-        Op::Store { .. } | Op::Scatter { .. } | Op::ScratchStore { .. } | Op::Yield(_) => 0,
+        Op::Store { .. }
+        | Op::Scatter { .. }
+        | Op::ScratchStore { .. }
+        | Op::ScratchFetch { .. }
+        | Op::ScratchWait { .. }
+        | Op::Yield(_) => 0,
         Op::For { inits, .. } => inits.len(),
         Op::If { .. } => results.len(),
         _ => 1,
@@ -251,6 +256,34 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
                 format!("scratch_store of {v}, expected {want}")
             })
         }
+        Op::ScratchFetch {
+            buf,
+            slot,
+            tensor,
+            index,
+            padding,
+            ..
+        } => {
+            let want = scratch_slot_type(func, *buf, &ty(slot))?;
+            let t = func
+                .tensor_param(*tensor)
+                .ok_or("scratch_fetch from a non-tensor")?;
+            check_index(func, index, t.rank())?;
+            ensure(
+                want.dtype() == t.dtype && want.shape().map(|s| s.rank()) == Some(t.rank()),
+                || {
+                    format!(
+                        "scratch_fetch of {want} slots from a rank-{} {} tensor",
+                        t.rank(),
+                        t.dtype
+                    )
+                },
+            )?;
+            ensure(padding.dtype() == t.dtype, || {
+                "padding dtype differs from tensor".into()
+            })
+        }
+        Op::ScratchWait { .. } => Ok(()),
         Op::ClusterGather { value, size } => {
             let (a, r) = (ty(value), res_ty()?);
             ensure(a.shape().is_none(), || {

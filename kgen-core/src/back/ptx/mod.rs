@@ -311,7 +311,9 @@ fn build_abi(func: &Function, spec: &Specialization) -> (KernelAbi, Vec<ParamLoa
 fn access_flags(func: &Function, b: &Block, read: &mut [bool], written: &mut [bool]) {
     for &i in &b.insts {
         match &func.insts[i].op {
-            Op::Load { tensor, .. } | Op::Gather { tensor, .. } => {
+            Op::Load { tensor, .. }
+            | Op::Gather { tensor, .. }
+            | Op::ScratchFetch { tensor, .. } => {
                 if let Some(r) = read.get_mut(*tensor as usize) {
                     *r = true;
                 }

@@ -1,5 +1,7 @@
 //! Scratch buffers in PTX: placement at the start of `kg_smem` (the conversion scratch
-//! after them), thread-private 16-byte chunks with no barrier, masked slots.
+//! after them), thread-private 16-byte chunks with no barrier, masked slots; asynchronous
+//! fetches (`cp.async` groups counted by `scratch_wait`, or issued loads whose stores
+//! wait until the fetch must be complete) and their interpreter semantics.
 
 use super::tests::{assemble, compile_source_sm90a};
 use crate::Arch;
@@ -102,4 +104,143 @@ fn scratch_round_trips_in_the_interpreter_and_unwritten_slots_are_errors() {
         .unwrap_or_else(|d| panic!("{}", d.render(&file)));
     let err = crate::interp::run(&func, [1, 1, 1], &mut args).expect_err("unwritten slot");
     assert!(err.to_string().contains("has not stored"), "{err}");
+}
+
+/// A row streamed through a 4-slot buffer by fetches, `D` in flight, each tile read
+/// back (and doubled) after the wait that completes its fetch.
+const FETCH_SRC: &str = r#"
+kernel streamed<T: float = bf16, D: int = 2>(x: tensor<T, 2, contiguous>, y: tensor<T, 2, contiguous>) {
+    let row = bid(0);
+    let n = cdiv(shape(x, 1), 256);
+    let buf = scratch(8, [1, 256], T);
+    for k in 0..D {
+        scratch_fetch(buf, k, x, [row, k], pad = 1.0);
+    }
+    for k in 0..n {
+        scratch_fetch(buf, (k + D) % 8, x, [row, k + D], pad = 1.0, eviction_policy = evict_first);
+        scratch_wait(D);
+        let t = scratch_load(buf, k % 8) as f32;
+        store(y, [row, k], (t + t) as T);
+    }
+}
+"#;
+
+fn compile_fetch(defines: &[(&str, &str)], align: u32, arch: Arch) -> String {
+    let file = crate::SourceFile::new("streamed.kg", FETCH_SRC);
+    let mut opts = crate::CompileOptions::new(arch);
+    opts.num_warps = Some(1);
+    opts.defines = defines
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    opts.tensor_align = vec![("x".into(), align), ("y".into(), align)];
+    let ptx = crate::compile(&file, &opts)
+        .unwrap_or_else(|d| panic!("{}", d.render(&file)))
+        .ptx;
+    let sm = if arch == Arch::Sm80 {
+        "sm_80"
+    } else {
+        "sm_90a"
+    };
+    assemble(&ptx, sm, &format!("streamed_a{align}"));
+    ptx
+}
+
+#[test]
+fn aligned_fetches_are_cp_async_groups_counted_by_the_wait() {
+    for arch in Arch::ALL {
+        // 16-byte aligned bf16 rows: one 16-byte copy per thread chunk (32 threads, 256
+        // elements: 8 per thread), one group per fetch site, the wait's count as given.
+        let ptx = compile_fetch(&[("D", "3")], 16, arch);
+        assert_eq!(ptx.matches("cp.async.cg.shared.global").count(), 2, "{ptx}");
+        assert_eq!(ptx.matches("cp.async.commit_group").count(), 2, "{ptx}");
+        assert!(ptx.contains("cp.async.wait_group 3;"), "{ptx}");
+        assert!(
+            ptx.contains("L2::cache_hint"),
+            "the eviction hint is kept:\n{ptx}"
+        );
+        // Out-of-bounds vectors get the padding (bf16 1.0 = 0x3f80, twice per word).
+        assert!(ptx.contains("1065369472"), "{ptx}");
+        // Thread-private chunks: no barrier at all.
+        assert!(!ptx.contains("bar.sync"), "{ptx}");
+        // 4-byte aligned f32 rows: 4-byte copies (`.ca`, `.cg` is 16 bytes only).
+        let ptx = compile_fetch(&[("T", "f32")], 4, arch);
+        assert!(ptx.contains("cp.async.ca.shared.global"), "{ptx}");
+        assert!(ptx.contains(", 4;"), "{ptx}");
+    }
+}
+
+#[test]
+fn unaligned_fetches_store_where_the_fetch_must_complete() {
+    // 2-byte aligned bf16 rows: no cp.async can copy them. The loads are issued at the
+    // fetch; the stores into the slot come at the end of the loop body (after the tile
+    // read and the store of y), not at the wait, which leaves this fetch in flight.
+    let ptx = compile_fetch(&[], 2, Arch::Sm90a);
+    assert!(!ptx.contains("cp.async.cg"), "{ptx}");
+    assert!(!ptx.contains("cp.async.ca"), "{ptx}");
+    let body = ptx
+        .split("cp.async.wait_group 2;")
+        .nth(1)
+        .expect("the loop's wait");
+    let read = body.find("ld.shared").expect("the tile read");
+    let y_store = body.find("st.global").expect("the store of y");
+    let slot_store = body.find("st.shared").expect("the fetch's slot store");
+    assert!(read < y_store && y_store < slot_store, "{body}");
+    // With D = 0 the wait completes the fetch just issued: its stores precede the wait.
+    let ptx = compile_fetch(&[("D", "0")], 2, Arch::Sm90a);
+    let before = ptx.split("cp.async.wait_group 0;").next().expect("wait");
+    let loop_part = before.rsplit("bra.uni").next().expect("loop head");
+    assert!(loop_part.contains("st.shared"), "{ptx}");
+    compile_fetch(&[], 2, Arch::Sm80);
+}
+
+/// Runs `src` (kernel `streamed`) on a [2, 1000] bf16 row pair in the interpreter.
+fn run_streamed(src: &str) -> Result<(Vec<f64>, Vec<f64>), crate::interp::InterpError> {
+    use crate::host::{ArgValue, HostTensor};
+    use crate::types::DType;
+    let file = crate::SourceFile::new("streamed.kg", src);
+    let (func, _) = crate::compile_to_ir(&file, &crate::CompileOptions::new(Arch::Sm90a))
+        .unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    let (rows, cols) = (2usize, 1000usize);
+    let xs: Vec<f64> = (0..rows * cols)
+        .map(|i| ((i * 29 % 97) as f64 - 48.0) / 4.0)
+        .collect();
+    let mut args = vec![
+        ArgValue::Tensor(HostTensor::from_f64(DType::BF16, &[rows, cols], &xs)),
+        ArgValue::Tensor(HostTensor::from_f64(
+            DType::BF16,
+            &[rows, cols],
+            &vec![f64::NAN; rows * cols],
+        )),
+    ];
+    crate::interp::run(&func, [rows as u32, 1, 1], &mut args)?;
+    let ArgValue::Tensor(y) = &args[1] else {
+        panic!("y")
+    };
+    Ok((xs, y.to_f64_vec()))
+}
+
+#[test]
+fn fetches_complete_at_the_wait_in_the_interpreter() {
+    for d in ["0", "1", "3"] {
+        let src = FETCH_SRC.replace("D: int = 2", &format!("D: int = {d}"));
+        let (xs, y) = run_streamed(&src).unwrap_or_else(|e| panic!("D={d}: {e}"));
+        for (i, (&x, &got)) in xs.iter().zip(&y).enumerate() {
+            let want = 2.0 * half::bf16::from_f64(x).to_f64();
+            assert_eq!(got, want, "D={d} element {i}");
+        }
+    }
+    // Waiting for one fewer fetch than the program needs: the tile's slot is read while
+    // its fetch is in flight, which the interpreter reports.
+    let early = FETCH_SRC.replace("scratch_wait(D);", "scratch_wait(D + 1);");
+    let err = run_streamed(&early).expect_err("read in flight");
+    assert!(
+        err.to_string()
+            .contains("scratch_load of slot 0 of scratch buffer `buf` while a scratch_fetch"),
+        "{err}"
+    );
+    // A fetch into a slot whose previous fetch is still in flight.
+    let clash = FETCH_SRC.replace("(k + D) % 8", "k % 2");
+    let err = run_streamed(&clash).expect_err("fetch over a fetch");
+    assert!(err.to_string().contains("scratch_fetch of slot"), "{err}");
 }

@@ -32,16 +32,17 @@ use crate::types::{DType, Scalar};
 use std::collections::HashMap;
 
 /// One vector access: the registers it covers, its address and predicate.
-struct Group {
-    regs: Vec<usize>,
-    addr: Reg,
-    imm: i64,
-    pred: Option<Reg>,
+pub(super) struct Group {
+    pub regs: Vec<usize>,
+    pub addr: Reg,
+    pub imm: i64,
+    pub pred: Option<Reg>,
 }
 
-struct Plan {
-    vec: u32,
-    groups: Vec<Group>,
+/// The vector accesses of one tile access (`vec` elements each).
+pub(super) struct Plan {
+    pub vec: u32,
+    pub groups: Vec<Group>,
 }
 
 /// The memory bit pattern of a scalar of dtype `dt`.
@@ -87,7 +88,7 @@ impl Lowerer<'_> {
 
     /// Plans a tile access of `lin` over the `shape` tile at tile coordinates `index`.
     #[allow(clippy::too_many_arguments)]
-    fn tile_access(
+    pub(super) fn tile_access(
         &mut self,
         t: &TensorRegs,
         p: &TensorParam,
@@ -356,6 +357,44 @@ impl Lowerer<'_> {
         Ok(())
     }
 
+    /// Issues the loads of the `shape` tile (layout `lin`) of tensor `tensor` at tile
+    /// coordinates `index`; the words are unpacked by `materialize`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn issue_tile_load(
+        &mut self,
+        tensor: u32,
+        index: &[ValueId],
+        lin: &Linear,
+        shape: &[u32],
+        padding: Scalar,
+        eviction: Eviction,
+        span: Span,
+    ) -> R<DeferredLoad> {
+        let (t, p) = self.tensor(tensor, span)?;
+        let plan = self.tile_access(&t, &p, lin, shape, index, false, span)?;
+        let dt = p.dtype;
+        let pad_bits = scalar_bits(padding, dt);
+        let policy = self.cache_policy(eviction);
+        let mut groups = Vec::with_capacity(plan.groups.len());
+        for g in &plan.groups {
+            let access = VectorAccess {
+                addr: g.addr,
+                imm: g.imm,
+                pred: g.pred,
+                policy,
+            };
+            let words = self.load_vector(dt, plan.vec, &access, pad_bits);
+            groups.push((g.regs.clone(), words));
+        }
+        Ok(DeferredLoad {
+            dt,
+            vec: plan.vec,
+            groups,
+            num_regs: lin.num_regs(),
+            padding,
+        })
+    }
+
     /// The element registers of a load: unpacks its words, fills the slots no group
     /// covers with the padding.
     pub(super) fn materialize(&mut self, load: DeferredLoad, span: Span) -> R<Vec<Reg>> {
@@ -445,7 +484,7 @@ impl Lowerer<'_> {
 
     /// The L2 cache policy register for `eviction` (`None` for the default policy):
     /// `createpolicy.fractional` once per policy, in the prologue.
-    fn cache_policy(&mut self, eviction: Eviction) -> Option<Reg> {
+    pub(super) fn cache_policy(&mut self, eviction: Eviction) -> Option<Reg> {
         if eviction == Eviction::Normal {
             return None;
         }
@@ -969,7 +1008,7 @@ struct VectorAccess {
 
 /// The `.L2::cache_hint` qualifier of a global access with a cache policy (appending the
 /// policy register to its operands), or nothing.
-fn cache_hint(policy: Option<Reg>, operands: &mut Vec<Operand>) -> &'static str {
+pub(super) fn cache_hint(policy: Option<Reg>, operands: &mut Vec<Operand>) -> &'static str {
     match policy {
         Some(r) => {
             operands.push(Operand::Reg(r));

@@ -120,6 +120,8 @@ pub struct Lowerer<'a> {
     /// Loads of 16-bit data whose unpacking (to f32 registers) waits for the first use:
     /// see `memory::DeferredLoad`.
     deferred: HashMap<ValueId, memory::DeferredLoad>,
+    /// Per open block (innermost last): its `scratch_fetch`es (see `scratch::PendingFetch`).
+    fetch_scopes: Vec<scratch::FetchScope>,
     /// Converted copies of values, one map per open region.
     conv_cache: Vec<HashMap<(ValueId, Linear), Vec<Reg>>>,
     tid: Option<Reg>,
@@ -169,6 +171,7 @@ impl<'a> Lowerer<'a> {
             in_prologue: false,
             vals: HashMap::new(),
             deferred: HashMap::new(),
+            fetch_scopes: Vec::new(),
             conv_cache: vec![HashMap::new()],
             tid: None,
             bits_cache: HashMap::new(),
@@ -639,8 +642,13 @@ impl<'a> Lowerer<'a> {
             }
         }
         self.block_uses.push(local);
+        self.fetch_scopes.push(scratch::FetchScope::default());
         let r = self.block_insts(b);
+        // Every fetch of the block that is still pending completes at its end.
+        let flushed = self.flush_fetches(Span::DUMMY, |_| true);
+        self.fetch_scopes.pop();
         self.block_uses.pop();
+        flushed?;
         r
     }
 
@@ -678,7 +686,18 @@ impl<'a> Lowerer<'a> {
                 self.lower_reduce_batch(&batch)?;
                 continue;
             }
+            let (waits, fetches) = scratch::region_scratch_ops(self.func, i);
+            if waits {
+                // A wait inside may need this block's pending fetches complete.
+                self.flush_fetches(self.func.insts[i].span, |_| true)?;
+            }
             self.inst(i)?;
+            if fetches {
+                // It fetched an unknown number of times: later waits complete everything.
+                if let Some(s) = self.fetch_scopes.last_mut() {
+                    s.count = s.count.saturating_add(u64::from(u32::MAX));
+                }
+            }
         }
         Ok(Vec::new())
     }
@@ -947,6 +966,8 @@ impl<'a> Lowerer<'a> {
             Op::ClusterGather { .. } => self.lower_cluster_gathers(&[id]),
             Op::ScratchStore { .. } => self.lower_scratch_store(id),
             Op::ScratchLoad { .. } => self.lower_scratch_load(id),
+            Op::ScratchFetch { .. } => self.lower_scratch_fetch(id),
+            Op::ScratchWait { .. } => self.lower_scratch_wait(id),
         }
     }
 

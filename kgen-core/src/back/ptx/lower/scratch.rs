@@ -17,9 +17,74 @@
 use super::{unsupported, Lowerer, R};
 use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
 use crate::back::ptx::layout::Linear;
-use crate::ir::{InstId, Op, ScratchBuf};
+use crate::ir::{Block, Function, InstId, Op, ScratchBuf};
 use crate::span::Span;
 use crate::types::DType;
+
+/// A `scratch_fetch` that could not use `cp.async` (a 2-byte aligned 16-bit tensor):
+/// its loads are issued at the fetch, its stores into the slot are emitted only where
+/// the fetch must be complete, so the loads stay in flight across the code in between
+/// (as a register prefetch would): at a `scratch_wait` that completes it (one with
+/// fewer than its count of later fetches of the same block), before a nested region
+/// that waits, and at the end of its block. A valid program never touches the slot
+/// before then (the interpreter rejects a load or store of a slot whose fetch is in
+/// flight).
+pub(super) struct PendingFetch {
+    /// The block's fetch count with this one.
+    seq: u64,
+    load: super::memory::DeferredLoad,
+    dt: DType,
+    addr: Reg,
+    in_range: Reg,
+    placement: ScratchPlacement,
+}
+
+/// The fetches of one block being lowered.
+#[derive(Default)]
+pub(super) struct FetchScope {
+    /// Fetches issued so far in this block (a nested region that fetches counts as
+    /// many: its count is not known).
+    pub count: u64,
+    pub pending: Vec<PendingFetch>,
+}
+
+/// Whether the regions of instruction `i` (a `For` or `If`; none for other ops)
+/// contain a `scratch_wait` and a `scratch_fetch`.
+pub(super) fn region_scratch_ops(func: &Function, i: InstId) -> (bool, bool) {
+    let mut stack: Vec<&Block> = match &func.insts[i].op {
+        Op::For { body, .. } => vec![body],
+        Op::If {
+            then_body,
+            else_body,
+            ..
+        } => vec![then_body, else_body],
+        _ => return (false, false),
+    };
+    let (mut waits, mut fetches) = (false, false);
+    let mut seen = std::collections::HashSet::new();
+    while let Some(b) = stack.pop() {
+        for &j in &b.insts {
+            if !seen.insert(j) {
+                continue;
+            }
+            match &func.insts[j].op {
+                Op::ScratchWait { .. } => waits = true,
+                Op::ScratchFetch { .. } => fetches = true,
+                Op::For { body, .. } => stack.push(body),
+                Op::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    stack.push(then_body);
+                    stack.push(else_body);
+                }
+                _ => {}
+            }
+        }
+    }
+    (waits, fetches)
+}
 
 /// Where one scratch buffer lives and how its slots are laid out.
 #[derive(Clone, Debug)]
@@ -120,6 +185,20 @@ impl Lowerer<'_> {
         let slot_reg = self.scalar(slot, span)?;
         let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
         let regs = self.operand_in(value, &p.layout, span)?;
+        self.store_slot(dt, &regs, addr, in_range, &p);
+        Ok(())
+    }
+
+    /// Stores element registers `regs` (the slot's anchor layout) into the slot at
+    /// `addr`, where `in_range`.
+    fn store_slot(
+        &mut self,
+        dt: DType,
+        regs: &[Reg],
+        addr: Reg,
+        in_range: Reg,
+        p: &ScratchPlacement,
+    ) {
         let stride = self.threads() * (p.chunk as u32) * dt.size_bytes();
         for (c, elems) in regs.chunks(p.chunk).enumerate() {
             let (words, ty) = self.pack(dt, elems);
@@ -138,7 +217,233 @@ impl Lowerer<'_> {
                 ],
             );
         }
+    }
+
+    /// `scratch_fetch(buf, slot, tensor, index, pad)`: one `cp.async` per vector of the
+    /// tile (`.cg` for 16 bytes, `.ca` for 4 or 8), straight into the thread's own
+    /// chunks of the slot, so no register holds the data and nothing waits here; a
+    /// masked-off vector (out of bounds) gets the padding by a `st.shared` under the
+    /// complementary predicate, as do registers no vector covers (padded slots of a
+    /// non-power-of-two tile). Vectors narrower than 4 bytes (2-byte aligned 16-bit
+    /// rows) cannot be copied asynchronously: the tile is then loaded and stored now.
+    /// Either way the fetch ends with `cp.async.commit_group` (one group per fetch,
+    /// which `scratch_wait` counts).
+    pub fn lower_scratch_fetch(&mut self, id: InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let Op::ScratchFetch {
+            buf,
+            slot,
+            tensor,
+            ref index,
+            padding,
+            eviction,
+        } = inst.op
+        else {
+            return Ok(());
+        };
+        if !self.target.caps.cp_async {
+            return Err(unsupported(
+                span,
+                "scratch_fetch needs cp.async (sm_80 or newer)",
+            ));
+        }
+        let b = func
+            .scratch
+            .get(buf as usize)
+            .ok_or_else(|| unsupported(span, "no such scratch buffer"))?;
+        let (dt, shape) = (b.dtype, b.slot_shape.clone());
+        if dt == DType::Bool {
+            return Err(unsupported(span, "scratch buffers of bool"));
+        }
+        let slot_reg = self.scalar(slot, span)?;
+        let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
+        let (t, tp) = self.tensor(tensor, span)?;
+        let plan = self.tile_access(&t, &tp, &p.layout, &shape, index, false, span)?;
+        let es = dt.size_bytes();
+        let bytes = plan.vec * es;
+        let vec = plan.vec as usize;
+        // Each vector must be whole registers of one chunk, in order.
+        let in_chunks = plan.groups.iter().all(|g| {
+            g.regs.first().is_some_and(|&r0| {
+                r0 % vec == 0 && g.regs.iter().enumerate().all(|(j, &r)| r == r0 + j)
+            })
+        });
+        if !matches!(bytes, 4 | 8 | 16) || !in_chunks || vec > p.chunk {
+            // No cp.async: the loads are issued now, the stores into the slot wait until
+            // the fetch must be complete (see `PendingFetch`).
+            let load =
+                self.issue_tile_load(tensor, index, &p.layout, &shape, padding, eviction, span)?;
+            let seq = self.count_fetch();
+            if let Some(scope) = self.fetch_scopes.last_mut() {
+                scope.pending.push(PendingFetch {
+                    seq,
+                    load,
+                    dt,
+                    addr,
+                    in_range,
+                    placement: p,
+                });
+            }
+            self.emit("cp.async.commit_group", vec![]);
+            return Ok(());
+        }
+        let stride = (self.threads() * (p.chunk as u32) * es) as i64;
+        let reg_offset = |r: usize| {
+            p.offset as i64 + (r / p.chunk) as i64 * stride + (r % p.chunk) as i64 * es as i64
+        };
+        let policy = self.cache_policy(eviction);
+        let pad_bits = super::memory::scalar_bits(padding, dt);
+        let level = if bytes == 16 { "cg" } else { "ca" };
+        let mut pad_words: Option<(Vec<Reg>, &'static str)> = None;
+        let mut covered = vec![false; p.layout.num_regs()];
+        for g in &plan.groups {
+            for &r in &g.regs {
+                if let Some(c) = covered.get_mut(r) {
+                    *c = true;
+                }
+            }
+            let dst = Operand::Mem(Addr::Reg(addr), reg_offset(g.regs[0]));
+            let mut operands = vec![
+                dst.clone(),
+                Operand::Mem(Addr::Reg(g.addr), g.imm),
+                Operand::Imm(bytes as i64),
+            ];
+            let hint = super::memory::cache_hint(policy, &mut operands);
+            let copy = match g.pred {
+                Some(gp) => self.op1(RegClass::Pred, "and.pred", vec![in_range.into(), gp.into()]),
+                None => in_range,
+            };
+            self.emit_if(
+                Some((copy, false)),
+                format!("cp.async.{level}.shared.global{hint}"),
+                operands,
+            );
+            if let Some(gp) = g.pred {
+                let off = self.op1(RegClass::Pred, "not.pred", vec![gp.into()]);
+                let pad = self.op1(
+                    RegClass::Pred,
+                    "and.pred",
+                    vec![in_range.into(), off.into()],
+                );
+                let (words, ty) = match &pad_words {
+                    Some(w) => w.clone(),
+                    None => {
+                        let w = self.pad_words(dt, bytes, pad_bits);
+                        pad_words = Some(w.clone());
+                        w
+                    }
+                };
+                let src = if words.len() == 1 {
+                    Operand::Reg(words[0])
+                } else {
+                    Operand::Vec(words.clone())
+                };
+                self.emit_if(
+                    Some((pad, false)),
+                    format!("st.shared{}.{ty}", vector_suffix(words.len())),
+                    vec![dst, src],
+                );
+            }
+        }
+        // Registers no vector covers: the padding, one element at a time.
+        let uncovered: Vec<usize> = (0..covered.len()).filter(|&r| !covered[r]).collect();
+        if !uncovered.is_empty() {
+            let (class, ty) = match es {
+                8 => (RegClass::B64, "b64"),
+                4 => (RegClass::B32, "b32"),
+                _ => (RegClass::B16, "b16"),
+            };
+            let w = self.reg(class);
+            self.mov(w, Operand::Imm(pad_bits as i64));
+            for r in uncovered {
+                self.emit_if(
+                    Some((in_range, false)),
+                    format!("st.shared.{ty}"),
+                    vec![
+                        Operand::Mem(Addr::Reg(addr), reg_offset(r)),
+                        Operand::Reg(w),
+                    ],
+                );
+            }
+        }
+        self.count_fetch();
+        self.emit("cp.async.commit_group", vec![]);
         Ok(())
+    }
+
+    /// `scratch_wait(pending)`: `cp.async.wait_group pending`. A thread waits for its
+    /// own copies, which are then visible to it; each thread reads only its own chunks,
+    /// so no barrier follows.
+    pub fn lower_scratch_wait(&mut self, id: InstId) -> R<()> {
+        let inst = &self.func.insts[id];
+        let Op::ScratchWait { pending } = inst.op else {
+            return Ok(());
+        };
+        let span = inst.span;
+        if !self.target.caps.cp_async {
+            return Err(unsupported(
+                span,
+                "scratch_wait needs cp.async (sm_80 or newer)",
+            ));
+        }
+        // Pending fallback fetches with at least `pending` fetches after them.
+        let count = self.fetch_scopes.last().map_or(0, |s| s.count);
+        self.flush_fetches(span, |f| count.saturating_sub(f.seq) >= pending as u64)?;
+        self.emit("cp.async.wait_group", vec![Operand::Imm(pending as i64)]);
+        Ok(())
+    }
+
+    /// Counts one fetch in the current block; returns the count.
+    fn count_fetch(&mut self) -> u64 {
+        match self.fetch_scopes.last_mut() {
+            Some(s) => {
+                s.count = s.count.saturating_add(1);
+                s.count
+            }
+            None => 0,
+        }
+    }
+
+    /// Completes the current block's pending fallback fetches that `must` selects: their
+    /// loaded words (waiting for the loads here) go into their slots.
+    pub(super) fn flush_fetches(
+        &mut self,
+        span: Span,
+        must: impl Fn(&PendingFetch) -> bool,
+    ) -> R<()> {
+        let Some(scope) = self.fetch_scopes.last_mut() else {
+            return Ok(());
+        };
+        let (now, keep): (Vec<PendingFetch>, Vec<PendingFetch>) =
+            std::mem::take(&mut scope.pending)
+                .into_iter()
+                .partition(|f| must(f));
+        scope.pending = keep;
+        for f in now {
+            let regs = self.materialize(f.load, span)?;
+            self.store_slot(f.dt, &regs, f.addr, f.in_range, &f.placement);
+        }
+        Ok(())
+    }
+
+    /// Registers holding `bytes` bytes of the padding pattern `pad_bits` (an element of
+    /// `dt`, repeated), as the words of one `st.shared` and their type.
+    fn pad_words(&mut self, dt: DType, bytes: u32, pad_bits: u64) -> (Vec<Reg>, &'static str) {
+        let es = dt.size_bytes();
+        if es == 8 {
+            let w = self.reg(RegClass::B64);
+            self.mov(w, Operand::Imm(pad_bits as i64));
+            return (vec![w; (bytes / 8) as usize], "b64");
+        }
+        let mut word: u64 = 0;
+        for j in 0..(4 / es) {
+            word |= pad_bits << (j * es * 8);
+        }
+        let w = self.reg(RegClass::B32);
+        self.mov(w, Operand::Imm(word as u32 as i32 as i64));
+        (vec![w; (bytes / 4) as usize], "b32")
     }
 
     /// `scratch_load(buf, slot)`.
