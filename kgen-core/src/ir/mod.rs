@@ -486,13 +486,12 @@ impl Function {
     }
 }
 
-/// The cluster size of a `ClusterGather` of `func` (searching regions too; valid IR has
-/// one size), if any.
-/// Safe on unvalidated IR: an instruction reached twice (a region that contains itself)
-/// is searched once.
-pub fn cluster_size(func: &Function) -> Option<u32> {
+/// Calls `f` on every instruction of `roots` and of the regions nested in them, each
+/// once (safe on unvalidated IR: an instruction reached twice, as in a region that
+/// contains itself, is visited once).
+pub fn visit_insts<'f>(func: &'f Function, roots: Vec<&'f Block>, mut f: impl FnMut(&'f Op)) {
     let mut seen = std::collections::HashSet::new();
-    let mut stack: Vec<&Block> = vec![&func.body];
+    let mut stack = roots;
     while let Some(b) = stack.pop() {
         for &i in &b.insts {
             if !seen.insert(i) {
@@ -501,8 +500,8 @@ pub fn cluster_size(func: &Function) -> Option<u32> {
             let Some(inst) = func.insts.get(i) else {
                 continue;
             };
+            f(&inst.op);
             match &inst.op {
-                Op::ClusterGather { size, .. } => return Some(*size),
                 Op::For { body, .. } => stack.push(body),
                 Op::If {
                     then_body,
@@ -516,7 +515,18 @@ pub fn cluster_size(func: &Function) -> Option<u32> {
             }
         }
     }
-    None
+}
+
+/// The cluster size of a `ClusterGather` of `func` (searching regions too; valid IR has
+/// one size), if any.
+pub fn cluster_size(func: &Function) -> Option<u32> {
+    let mut size = None;
+    visit_insts(func, vec![&func.body], |op| {
+        if let (None, Op::ClusterGather { size: s, .. }) = (size, op) {
+            size = Some(*s);
+        }
+    });
+    size
 }
 
 /// Whether `func` exchanges values across a thread-block cluster.

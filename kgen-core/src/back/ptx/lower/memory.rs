@@ -321,29 +321,8 @@ impl Lowerer<'_> {
             .ok_or_else(|| unsupported(span, "load without a result"))?;
         let lin = self.lin(res);
         let shape = self.shape(res);
-        let (t, p) = self.tensor(*tensor, span)?;
-        let plan = self.tile_access(&t, &p, &lin, &shape, index, false, span)?;
-        let dt = p.dtype;
-        let pad_bits = scalar_bits(*padding, dt);
-        let policy = self.cache_policy(*eviction);
-        let mut groups = Vec::with_capacity(plan.groups.len());
-        for g in &plan.groups {
-            let access = VectorAccess {
-                addr: g.addr,
-                imm: g.imm,
-                pred: g.pred,
-                policy,
-            };
-            let words = self.load_vector(dt, plan.vec, &access, pad_bits);
-            groups.push((g.regs.clone(), words));
-        }
-        let load = DeferredLoad {
-            dt,
-            vec: plan.vec,
-            groups,
-            num_regs: lin.num_regs(),
-            padding: *padding,
-        };
+        let load = self.issue_tile_load(*tensor, index, &lin, &shape, *padding, *eviction, span)?;
+        let dt = load.dt;
         // Unpacking 16-bit words (to f32 registers) reads the loaded registers, which
         // waits for the load. When every use is in this block, it waits until the first
         // use instead, so a load issued early (the next row's tile in a software

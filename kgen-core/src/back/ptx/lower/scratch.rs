@@ -51,7 +51,7 @@ pub(super) struct FetchScope {
 /// Whether the regions of instruction `i` (a `For` or `If`; none for other ops)
 /// contain a `scratch_wait` and a `scratch_fetch`.
 pub(super) fn region_scratch_ops(func: &Function, i: InstId) -> (bool, bool) {
-    let mut stack: Vec<&Block> = match &func.insts[i].op {
+    let roots: Vec<&Block> = match &func.insts[i].op {
         Op::For { body, .. } => vec![body],
         Op::If {
             then_body,
@@ -61,28 +61,11 @@ pub(super) fn region_scratch_ops(func: &Function, i: InstId) -> (bool, bool) {
         _ => return (false, false),
     };
     let (mut waits, mut fetches) = (false, false);
-    let mut seen = std::collections::HashSet::new();
-    while let Some(b) = stack.pop() {
-        for &j in &b.insts {
-            if !seen.insert(j) {
-                continue;
-            }
-            match &func.insts[j].op {
-                Op::ScratchWait { .. } => waits = true,
-                Op::ScratchFetch { .. } => fetches = true,
-                Op::For { body, .. } => stack.push(body),
-                Op::If {
-                    then_body,
-                    else_body,
-                    ..
-                } => {
-                    stack.push(then_body);
-                    stack.push(else_body);
-                }
-                _ => {}
-            }
-        }
-    }
+    crate::ir::visit_insts(func, roots, |op| match op {
+        Op::ScratchWait { .. } => waits = true,
+        Op::ScratchFetch { .. } => fetches = true,
+        _ => {}
+    });
     (waits, fetches)
 }
 
