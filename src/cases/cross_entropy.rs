@@ -167,6 +167,22 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             in_place: true,
             ..CeSpec::new(F32, I32, 9, 1024, 128)
         },
+        // Persistent cluster grids: the next row's fetches issued during pass 2 (and
+        // by ignored rows), more fetches in flight than tiles per block; a
+        // non-power-of-two tile copied by cp.async (padded slots filled by stores).
+        CeSpec {
+            cluster: Some((2, 2)),
+            depth: Some(3),
+            grid: Some(4),
+            in_place: true,
+            ..CeSpec::new(F16, I64, 11, 512, 128)
+        },
+        CeSpec {
+            cluster: Some((8, 1)),
+            grid: Some(16),
+            depth: Some(2),
+            ..CeSpec::new(F32, I64, 9, 4100, 520)
+        },
         CeSpec {
             cached: Some(1),
             grid: Some(3),
