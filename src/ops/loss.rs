@@ -128,7 +128,13 @@ const CE_CLUSTER_SCRATCH_BYTES: usize = 64 * 1024;
 /// us (1024-wide tiles, 4 warps, clusters of 8 the fastest) against 1063-1100 for the
 /// two-pass kernel; at 50257 / 50304 it measured 839-1651 / 579-1119 us. The tuner
 /// decides per shape; `kgen bench` keeps such numbers in docs/PERFORMANCE.md.
-fn ce_configs(rows: usize, vocab: usize, elem_bytes: usize, clusters: bool) -> Vec<CeConfig> {
+fn ce_configs(
+    rows: usize,
+    vocab: usize,
+    elem_bytes: usize,
+    clusters: bool,
+    async_rows: bool,
+) -> Vec<CeConfig> {
     let p = vocab.next_power_of_two().max(32);
     if p <= 2048 {
         return warp_candidates(p)
@@ -147,12 +153,16 @@ fn ce_configs(rows: usize, vocab: usize, elem_bytes: usize, clusters: bool) -> V
         let slots = vocab
             .div_ceil(block)
             .min(CE_SCRATCH_BYTES / (block * elem_bytes.max(1)));
-        if slots >= 2 && block <= p.max(4096) {
-            out.push(CeConfig {
-                slots,
-                depth,
-                ..CeConfig::two_pass(block, warps, rows)
-            });
+        // Without fetches (rows cp.async cannot copy: ASYNC = false) DEPTH is unused:
+        // one candidate per (BLOCK, warps).
+        let depth = if async_rows { depth } else { 0 };
+        let c = CeConfig {
+            slots,
+            depth,
+            ..CeConfig::two_pass(block, warps, rows)
+        };
+        if slots >= 2 && block <= p.max(4096) && !out.contains(&c) {
+            out.push(c);
         }
     }
     if clusters && vocab > CE_CLUSTER_MIN_VOCAB {
@@ -512,10 +522,10 @@ impl Ops {
         // 2. Per-row loss and gradient.
         if rows > 0 {
             let clusters = self.device().arch().target().caps.clusters;
-            let configs = ce_configs(rows, vocab, t.size_bytes() as usize, clusters);
+            let async_rows = kgen_runtime::tensor_alignment(&x2) >= 4;
+            let configs = ce_configs(rows, vocab, t.size_bytes() as usize, clusters, async_rows);
             let labels = config_labels(&configs);
             let shape_key = format!("T={t},I={idx},rows={rows},V={vocab}");
-            let async_rows = kgen_runtime::tensor_alignment(&x2) >= 4;
             let row_kernel = |i: usize| {
                 let c = configs[i];
                 let mut defines = vec![
@@ -531,7 +541,9 @@ impl Ops {
                 }
                 if cached {
                     defines.push(("SLOTS", c.slots.to_string()));
-                    defines.push(("DEPTH", c.depth.to_string()));
+                    if c.depth > 0 {
+                        defines.push(("DEPTH", c.depth.to_string()));
+                    }
                     if !clustered {
                         // Asynchronous fetches where cp.async can copy the rows.
                         defines.push(("ASYNC", async_rows.to_string()));
@@ -739,7 +751,10 @@ mod tests {
         for clusters in [false, true] {
             for v in [1usize, 7, 1000, 2048, 4097, 8193, 50257, 128256] {
                 for rows in [1usize, 7, 8192] {
-                    let c = ce_configs(rows, v, 2, clusters);
+                    let c: Vec<CeConfig> = [true, false]
+                        .iter()
+                        .flat_map(|&a| ce_configs(rows, v, 2, clusters, a))
+                        .collect();
                     assert!(!c.is_empty(), "V={v}");
                     for c in &c {
                         assert!(c.block >= 32 && (1..=16).contains(&c.warps), "{c:?}");
@@ -767,20 +782,35 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ce_configs(3, 7, 2, true)[0], CeConfig::two_pass(32, 1, 3));
-        assert_eq!(ce_configs(3, 1000, 2, true)[0].block, 1024);
         assert_eq!(
-            ce_configs(8192, 50257, 2, true)[0],
+            ce_configs(3, 7, 2, true, true)[0],
+            CeConfig::two_pass(32, 1, 3)
+        );
+        assert_eq!(ce_configs(3, 1000, 2, true, true)[0].block, 1024);
+        assert_eq!(
+            ce_configs(8192, 50257, 2, true, true)[0],
             CeConfig::two_pass(4096, 16, 8192)
         );
-        let cl = ce_configs(8192, 50257, 2, true);
+        // 2-byte rows (register prefetch): one candidate per (BLOCK, warps), no DEPTH.
+        let odd = ce_configs(8192, 50257, 2, true, false);
+        let cached: Vec<_> = odd
+            .iter()
+            .filter(|c| c.slots > 0 && c.cluster == 1)
+            .collect();
+        assert!(!cached.is_empty() && cached.iter().all(|c| c.depth == 0));
+        for (i, a) in cached.iter().enumerate() {
+            assert!(cached[i + 1..]
+                .iter()
+                .all(|b| (b.block, b.warps) != (a.block, a.warps)));
+        }
+        let cl = ce_configs(8192, 50257, 2, true, true);
         // The whole bf16 row of 50257 fits: 13 tiles of 4096.
         assert!(cl.iter().any(|c| c.slots == 13 && c.block == 4096));
         assert!(cl
             .iter()
             .any(|c| c.cluster == 8 && c.parts == 7 && c.slots == 7 && c.block == 1024));
         // 128256 bf16 (250 KB a row): four blocks of 64 KB each hold a whole row.
-        assert!(ce_configs(4096, 128256, 2, true)
+        assert!(ce_configs(4096, 128256, 2, true, true)
             .iter()
             .any(|c| c.cluster == 4
                 && c.parts == 8
