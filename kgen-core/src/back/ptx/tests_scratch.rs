@@ -61,17 +61,20 @@ fn scratch_slots_are_thread_private_chunks_before_the_conversion_scratch() {
 
 /// The interpreter agrees with a direct computation, and reading a slot the block has
 /// not stored is an interpreter error (on a GPU it is unspecified data).
-#[test]
-fn scratch_round_trips_in_the_interpreter_and_unwritten_slots_are_errors() {
+/// Runs the first kernel of `src` (`x`, `y`: [rows, cols] bf16, a block per row) in
+/// the interpreter on `x[i] = value(i)` and a NaN-poisoned `y`; returns (x, y).
+fn run_bf16_rows(
+    src: &str,
+    rows: usize,
+    cols: usize,
+    value: impl Fn(usize) -> f64,
+) -> Result<(Vec<f64>, Vec<f64>), crate::interp::InterpError> {
     use crate::host::{ArgValue, HostTensor};
     use crate::types::DType;
-    let file = crate::SourceFile::new("cached.kg", SRC);
+    let file = crate::SourceFile::new("rows.kg", src);
     let (func, _) = crate::compile_to_ir(&file, &crate::CompileOptions::new(Arch::Sm90a))
         .unwrap_or_else(|d| panic!("{}", d.render(&file)));
-    let (rows, cols) = (3usize, 2500usize);
-    let xs: Vec<f64> = (0..rows * cols)
-        .map(|i| ((i * 37 % 101) as f64 - 50.0) / 8.0)
-        .collect();
+    let xs: Vec<f64> = (0..rows * cols).map(value).collect();
     let mut args = vec![
         ArgValue::Tensor(HostTensor::from_f64(DType::BF16, &[rows, cols], &xs)),
         ArgValue::Tensor(HostTensor::from_f64(
@@ -80,11 +83,18 @@ fn scratch_round_trips_in_the_interpreter_and_unwritten_slots_are_errors() {
             &vec![f64::NAN; rows * cols],
         )),
     ];
-    crate::interp::run(&func, [rows as u32, 1, 1], &mut args).expect("runs");
+    crate::interp::run(&func, [rows as u32, 1, 1], &mut args)?;
     let ArgValue::Tensor(y) = &args[1] else {
         panic!("y")
     };
-    let y = y.to_f64_vec();
+    Ok((xs, y.to_f64_vec()))
+}
+
+#[test]
+fn scratch_round_trips_in_the_interpreter_and_unwritten_slots_are_errors() {
+    let (rows, cols) = (3usize, 2500usize);
+    let value = |i: usize| ((i * 37 % 101) as f64 - 50.0) / 8.0;
+    let (xs, y) = run_bf16_rows(SRC, rows, cols, value).expect("runs");
     for r in 0..rows {
         let row = &xs[r * cols..(r + 1) * cols];
         let total: f64 = row.iter().sum();
@@ -99,10 +109,7 @@ fn scratch_round_trips_in_the_interpreter_and_unwritten_slots_are_errors() {
     }
     // Reading slot 5 (never stored for 3 tiles) fails in the interpreter.
     let bad = SRC.replace("scratch_load(cache, n - 1 - kk)", "scratch_load(cache, 5)");
-    let file = crate::SourceFile::new("bad.kg", bad);
-    let (func, _) = crate::compile_to_ir(&file, &crate::CompileOptions::new(Arch::Sm90a))
-        .unwrap_or_else(|d| panic!("{}", d.render(&file)));
-    let err = crate::interp::run(&func, [1, 1, 1], &mut args).expect_err("unwritten slot");
+    let err = run_bf16_rows(&bad, 1, cols, value).expect_err("unwritten slot");
     assert!(err.to_string().contains("has not stored"), "{err}");
 }
 
@@ -196,28 +203,7 @@ fn unaligned_fetches_store_where_the_fetch_must_complete() {
 
 /// Runs `src` (kernel `streamed`) on a [2, 1000] bf16 row pair in the interpreter.
 fn run_streamed(src: &str) -> Result<(Vec<f64>, Vec<f64>), crate::interp::InterpError> {
-    use crate::host::{ArgValue, HostTensor};
-    use crate::types::DType;
-    let file = crate::SourceFile::new("streamed.kg", src);
-    let (func, _) = crate::compile_to_ir(&file, &crate::CompileOptions::new(Arch::Sm90a))
-        .unwrap_or_else(|d| panic!("{}", d.render(&file)));
-    let (rows, cols) = (2usize, 1000usize);
-    let xs: Vec<f64> = (0..rows * cols)
-        .map(|i| ((i * 29 % 97) as f64 - 48.0) / 4.0)
-        .collect();
-    let mut args = vec![
-        ArgValue::Tensor(HostTensor::from_f64(DType::BF16, &[rows, cols], &xs)),
-        ArgValue::Tensor(HostTensor::from_f64(
-            DType::BF16,
-            &[rows, cols],
-            &vec![f64::NAN; rows * cols],
-        )),
-    ];
-    crate::interp::run(&func, [rows as u32, 1, 1], &mut args)?;
-    let ArgValue::Tensor(y) = &args[1] else {
-        panic!("y")
-    };
-    Ok((xs, y.to_f64_vec()))
+    run_bf16_rows(src, 2, 1000, |i| ((i * 29 % 97) as f64 - 48.0) / 4.0)
 }
 
 #[test]
