@@ -438,3 +438,58 @@ kernel fetched_copy<BLOCK: int = 256>(x: tensor<f32, 2, contiguous>, y: tensor<f
 fn scratch_fetches_match_kg() {
     assert_macro_matches_kg(FETCHED_COPY_KG, fetched_copy::ptx, "cp.async.wait_group 1");
 }
+
+/// Offsets over aligned windows (vectorized gathers and scatters) and `scratch_gather`,
+/// in both front ends.
+#[kgen::kernel]
+fn window_copy<const BLOCK: i32 = 256>(
+    x: Tensor<bf16, 1, Contiguous>,
+    y: Tensor<bf16, 1, Contiguous>,
+    n: i32,
+) {
+    let start = (bid(0) as i64) * (n as i64);
+    let wbase = (start / 8) * 8;
+    let lead = (start - wbase) as i32;
+    let rel = arange(0, BLOCK);
+    let buf = scratch(1, [BLOCK], bf16);
+    scratch_gather(
+        buf,
+        0,
+        x,
+        [wbase + (rel as i64)],
+        mask = rel < BLOCK,
+        other = 0.0,
+        eviction_policy = evict_first,
+    );
+    scratch_wait(0);
+    let v = scratch_load(buf, 0);
+    scatter(
+        y,
+        [wbase + (rel as i64)],
+        v,
+        mask = rel >= lead && rel < lead + n,
+    );
+}
+
+const WINDOW_COPY_KG: &str = "
+kernel window_copy<BLOCK: int = 256>(x: tensor<bf16, 1, contiguous>, y: tensor<bf16, 1, contiguous>, n: i32) {
+    let start = (bid(0) as i64) * (n as i64);
+    let wbase = (start / 8) * 8;
+    let lead = (start - wbase) as i32;
+    let rel = arange(0, BLOCK);
+    let buf = scratch(1, [BLOCK], bf16);
+    scratch_gather(buf, 0, x, [wbase + (rel as i64)], mask = rel < BLOCK, other = 0.0, eviction_policy = evict_first);
+    scratch_wait(0);
+    let v = scratch_load(buf, 0);
+    scatter(y, [wbase + (rel as i64)], v, mask = rel >= lead && rel < lead + n);
+}
+";
+
+#[test]
+fn scratch_gathers_and_vector_scatters_match_kg() {
+    assert_macro_matches_kg(
+        WINDOW_COPY_KG,
+        window_copy::ptx,
+        "cp.async.cg.shared.global",
+    );
+}

@@ -188,6 +188,32 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             grid: Some(3),
             ..CeSpec::new(BF16, I32, 13, 7, 256)
         },
+        // Aligned windows over flat logits: 16-byte vectors (rows * V a multiple of 8),
+        // tiles past SLOTS re-read, in place, rows shorter than a vector, and flat
+        // tensors only 2-byte aligned (element accesses) on a grid-stride grid.
+        CeSpec {
+            cached: Some(9),
+            depth: Some(3),
+            window: true,
+            ..CeSpec::new(BF16, I64, 8, 1001, 128)
+        },
+        CeSpec {
+            cached: Some(2),
+            window: true,
+            in_place: true,
+            ..CeSpec::new(F16, I32, 16, 999, 256)
+        },
+        CeSpec {
+            cached: Some(1),
+            window: true,
+            ..CeSpec::new(F32, I64, 8, 7, 128)
+        },
+        CeSpec {
+            cached: Some(3),
+            window: true,
+            grid: Some(3),
+            ..CeSpec::new(BF16, I32, 13, 4100, 2048)
+        },
     ];
     for s in &ce_quick {
         v.push(s.case(seed));
@@ -296,6 +322,25 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
                 cluster: Some((2, 7)),
                 in_place: true,
                 ..CeSpec::new(BF16, I64, 16, 50257, 4096)
+            },
+            // The op's window candidates for odd vocabularies.
+            CeSpec {
+                cached: Some(13),
+                window: true,
+                depth: Some(6),
+                ..CeSpec::new(BF16, I64, 64, 50257, 4096)
+            },
+            CeSpec {
+                cached: Some(13),
+                window: true,
+                in_place: true,
+                grid: Some(37),
+                ..CeSpec::new(BF16, I64, 96, 50257, 4096)
+            },
+            CeSpec {
+                cached: Some(25),
+                window: true,
+                ..CeSpec::new(BF16, I32, 64, 50257, 2048)
             },
         ];
         for s in &ce_full {
@@ -564,6 +609,9 @@ pub struct CeSpec {
     pub depth: Option<usize>,
     /// `cross_entropy_cached` with ASYNC = false (register prefetch, no fetches).
     pub no_async: bool,
+    /// With `cached`: the `cross_entropy_window` kernels (flat logits walked in aligned
+    /// windows by vectorized gathers and scatters).
+    pub window: bool,
 }
 
 impl CeSpec {
@@ -583,11 +631,19 @@ impl CeSpec {
             cached: None,
             depth: None,
             no_async: false,
+            window: false,
         }
     }
 
     /// The kernel this spec runs.
     fn kernel_name(&self) -> &'static str {
+        if self.window {
+            return if self.in_place {
+                "cross_entropy_window_inplace"
+            } else {
+                "cross_entropy_window"
+            };
+        }
         match (self.cluster.is_some(), self.cached.is_some(), self.in_place) {
             (true, _, true) => "cross_entropy_cluster_inplace",
             (true, _, false) => "cross_entropy_cluster",
@@ -615,7 +671,8 @@ impl CeSpec {
                     .depth
                     .map(|d| format!(" DEPTH={d}"))
                     .unwrap_or_default()
-                + if self.no_async { " ASYNC=false" } else { "" },
+                + if self.no_async { " ASYNC=false" } else { "" }
+                + if self.window { " window" } else { "" },
             self.rows,
             self.vocab,
             self.ignore_index,
@@ -662,7 +719,13 @@ impl CeSpec {
         let (rows, vocab, dtype, index) = (self.rows, self.vocab, self.dtype, self.index);
         let mut rng = Rng::for_case(seed, &label);
         let scale = self.logit_scale;
-        let logits = random_tensor(&mut rng, dtype, &[rows, vocab], |r| scale * r.normalish());
+        // The window kernels take the logits and the gradient flat, and V as a scalar.
+        let xshape: Vec<usize> = if self.window {
+            vec![rows * vocab]
+        } else {
+            vec![rows, vocab]
+        };
+        let logits = random_tensor(&mut rng, dtype, &xshape, |r| scale * r.normalish());
         let tvals: Vec<f64> = targets.iter().map(|&t| t as f64).collect();
         let stats = stats_of(&targets, self.ignore_index);
         let mut args = vec![
@@ -671,27 +734,56 @@ impl CeSpec {
             ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[2], &stats)),
             ArgValue::Tensor(poisoned(DType::F32, &[rows])),
         ];
-        let (names, outputs, kernel_name): (&[&str], Vec<usize>, _) = if self.in_place {
-            (
-                &["logits", "targets", "stats", "loss", "ignore_index"],
-                vec![3, 0],
-                self.kernel_name(),
-            )
-        } else {
-            args.push(ArgValue::Tensor(poisoned(dtype, &[rows, vocab])));
-            (
-                &[
-                    "logits",
-                    "targets",
-                    "stats",
-                    "loss",
-                    "dlogits",
-                    "ignore_index",
-                ],
-                vec![3, 4],
-                self.kernel_name(),
-            )
-        };
+        let (names, outputs, kernel_name): (&[&str], Vec<usize>, _) =
+            match (self.in_place, self.window) {
+                (true, false) => (
+                    &["logits", "targets", "stats", "loss", "ignore_index"],
+                    vec![3, 0],
+                    self.kernel_name(),
+                ),
+                (true, true) => (
+                    &[
+                        "logits",
+                        "targets",
+                        "stats",
+                        "loss",
+                        "vocab",
+                        "ignore_index",
+                    ],
+                    vec![3, 0],
+                    self.kernel_name(),
+                ),
+                (false, window) => {
+                    args.push(ArgValue::Tensor(poisoned(dtype, &xshape)));
+                    (
+                        if window {
+                            &[
+                                "logits",
+                                "targets",
+                                "stats",
+                                "loss",
+                                "dlogits",
+                                "vocab",
+                                "ignore_index",
+                            ]
+                        } else {
+                            &[
+                                "logits",
+                                "targets",
+                                "stats",
+                                "loss",
+                                "dlogits",
+                                "ignore_index",
+                            ]
+                        },
+                        vec![3, 4],
+                        self.kernel_name(),
+                    )
+                }
+            };
+        if self.window {
+            args.push(ArgValue::Scalar(Scalar::Int(vocab as i64, DType::I32)));
+        }
         args.push(index_scalar(index, self.ignore_index));
         let ignore_arg = args.len() - 1;
         // Loss (f32 output): logsumexp in f32 with ex2/lg2 (about 2 ulp each) over a sum
@@ -704,7 +796,9 @@ impl CeSpec {
             abs: 1e-12,
         };
         Case {
-            kernel: if self.cluster.is_some() {
+            kernel: if self.window {
+                "cross_entropy_window"
+            } else if self.cluster.is_some() {
                 "cross_entropy_cluster"
             } else if self.cached.is_some() {
                 "cross_entropy_cached"
@@ -730,7 +824,7 @@ impl CeSpec {
                 if let Some(depth) = self.depth {
                     d.push(("DEPTH", depth.to_string()));
                 }
-                if self.no_async {
+                if self.no_async && !self.window {
                     d.push(("ASYNC", "false".to_string()));
                 }
                 defines(&d)

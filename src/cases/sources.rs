@@ -18,6 +18,8 @@ pub const BUNDLED_KERNELS: &[(&str, &str)] = &[
     ("cross_entropy_cached", "cross_entropy_cached_inplace"),
     ("cross_entropy_cluster", "cross_entropy_cluster"),
     ("cross_entropy_cluster", "cross_entropy_cluster_inplace"),
+    ("cross_entropy_window", "cross_entropy_window"),
+    ("cross_entropy_window", "cross_entropy_window_inplace"),
     ("layernorm", "layernorm"),
     ("layernorm", "layernorm_rows"),
     ("layernorm_bwd", "layernorm_bwd"),

@@ -121,6 +121,12 @@ const CE_CLUSTER_SCRATCH_BYTES: usize = 64 * 1024;
 /// 50257 (2-byte rows: register prefetch) 709-716 against 802-974; at 4096 x 128256 only
 /// 18 of 32 tiles fit (1029-1377 us).
 ///
+/// Rows that are not 4-byte aligned, in flat tensors that are 16-byte aligned (V = 50257
+/// with rows * V a multiple of 8), take the window kernel instead of the register
+/// prefetch (`cross_entropy_window`: each row's 16-byte aligned window streamed in by
+/// `scratch_gather`, the same configurations): tuner medians at 8192 x 50257 bf16 on an
+/// H100, 599-638 us against 715-717 for the register prefetch.
+///
 /// Then, with thread-block clusters (sm_90a) and rows longer than CE_CLUSTER_MIN_VOCAB,
 /// the `cross_entropy_cluster` kernel: a row split over a cluster, each block fetching
 /// its share into a scratch buffer (CE_CLUSTER_CONFIGS), a cluster per row. It is the
@@ -134,6 +140,7 @@ fn ce_configs(
     elem_bytes: usize,
     clusters: bool,
     async_rows: bool,
+    window_rows: bool,
 ) -> Vec<CeConfig> {
     let p = vocab.next_power_of_two().max(32);
     if p <= 2048 {
@@ -149,7 +156,13 @@ fn ce_configs(
         .collect();
     // The row kept in a scratch buffer between the passes (`cross_entropy_cached`): all
     // of it where it fits CE_SCRATCH_BYTES, else as many tiles as fit (the rest re-read).
+    // (Rows cp.async cannot copy but windows can: the window candidates below replace
+    // the register-prefetch ones, 115 us slower at 8192 x 50257 on an H100.)
+    let register_prefetch = !async_rows;
     for (block, warps, depth) in CE_CACHED_CONFIGS {
+        if register_prefetch && window_rows {
+            break;
+        }
         let slots = vocab
             .div_ceil(block)
             .min(CE_SCRATCH_BYTES / (block * elem_bytes.max(1)));
@@ -163,6 +176,24 @@ fn ce_configs(
         };
         if slots >= 2 && block <= p.max(4096) && !out.contains(&c) {
             out.push(c);
+        }
+    }
+    // Rows cp.async cannot copy, in flat tensors 16-byte vectors can read: the cached
+    // row walked in aligned windows (`cross_entropy_window`); a window is at most
+    // 14 elements longer than the row.
+    if window_rows {
+        for (block, warps, depth) in CE_CACHED_CONFIGS {
+            let slots = (vocab + 14)
+                .div_ceil(block)
+                .min(CE_SCRATCH_BYTES / (block * elem_bytes.max(1)));
+            if slots >= 2 && block <= p.max(4096) {
+                out.push(CeConfig {
+                    slots,
+                    depth,
+                    window: true,
+                    ..CeConfig::two_pass(block, warps, rows)
+                });
+            }
         }
     }
     if clusters && vocab > CE_CLUSTER_MIN_VOCAB {
@@ -182,6 +213,7 @@ fn ce_configs(
                 parts,
                 slots,
                 depth,
+                window: false,
             });
         }
     }
@@ -201,6 +233,9 @@ struct CeConfig {
     slots: usize,
     /// Fetches in flight (cached and cluster kernels).
     depth: usize,
+    /// The cached row walked in aligned windows of the flat logits
+    /// (`cross_entropy_window`).
+    window: bool,
 }
 
 impl CeConfig {
@@ -213,6 +248,7 @@ impl CeConfig {
             parts: 1,
             slots: 0,
             depth: 0,
+            window: false,
         }
     }
 }
@@ -225,6 +261,11 @@ fn config_labels(configs: &[CeConfig]) -> Vec<String> {
                 format!(
                     "BLOCK={},PARTS={},SLOTS={},DEPTH={},warps={},CLUSTER={}",
                     c.block, c.parts, c.slots, c.depth, c.warps, c.cluster
+                )
+            } else if c.window {
+                format!(
+                    "window,BLOCK={},SLOTS={},DEPTH={},warps={},G={}",
+                    c.block, c.slots, c.depth, c.warps, c.blocks
                 )
             } else if c.slots > 0 {
                 format!(
@@ -523,7 +564,28 @@ impl Ops {
         if rows > 0 {
             let clusters = self.device().arch().target().caps.clusters;
             let async_rows = kgen_runtime::tensor_alignment(&x2) >= 4;
-            let configs = ce_configs(rows, vocab, t.size_bytes() as usize, clusters, async_rows);
+            // Flat views for the window kernels: whole contiguous [rows * V] tensors that
+            // 16-byte vectors can read (rows * V * sizeof(T) a multiple of 16).
+            let flat = |t: &Tensor| -> Result<Option<Tensor>, OpError> {
+                // Extents are 32-bit in the kernel ABI.
+                if !t.is_contiguous() || rows * vocab > i32::MAX as usize {
+                    return Ok(None);
+                }
+                let f = t.reshape(&[rows * vocab])?;
+                Ok((kgen_runtime::tensor_alignment(&f) >= 16).then_some(f))
+            };
+            let x_flat = flat(&x2)?;
+            let dx_flat = dx2.as_ref().map(flat).transpose()?.flatten();
+            let window_rows =
+                !async_rows && x_flat.is_some() && (dx2.is_none() || dx_flat.is_some());
+            let configs = ce_configs(
+                rows,
+                vocab,
+                t.size_bytes() as usize,
+                clusters,
+                async_rows,
+                window_rows,
+            );
             let labels = config_labels(&configs);
             let shape_key = format!("T={t},I={idx},rows={rows},V={vocab}");
             let row_kernel = |i: usize| {
@@ -544,10 +606,35 @@ impl Ops {
                     if c.depth > 0 {
                         defines.push(("DEPTH", c.depth.to_string()));
                     }
-                    if !clustered {
+                    if !clustered && !c.window {
                         // Asynchronous fetches where cp.async can copy the rows.
                         defines.push(("ASYNC", async_rows.to_string()));
                     }
+                }
+                if c.window {
+                    let (Some(xf), true) = (&x_flat, dx2.is_none() || dx_flat.is_some()) else {
+                        return Err(shape_err(op, "a window candidate without flat views"));
+                    };
+                    let mut tensors = vec![
+                        ("logits", xf),
+                        ("targets", &tg),
+                        ("stats", stats),
+                        ("loss", row_loss),
+                    ];
+                    let name = match &dx_flat {
+                        Some(dxf) => {
+                            tensors.push(("dlogits", dxf));
+                            "cross_entropy_window"
+                        }
+                        None => "cross_entropy_window_inplace",
+                    };
+                    return self.kernel(
+                        "cross_entropy_window",
+                        name,
+                        &defines,
+                        Some(c.warps),
+                        &tensors,
+                    );
                 }
                 let name = match (clustered, cached, dx2.is_some()) {
                     (true, _, true) => "cross_entropy_cluster",
@@ -575,6 +662,22 @@ impl Ops {
                 };
                 self.kernel(stem, name, &defines, Some(c.warps), &tensors)
             };
+            // The window kernels' arguments: the flat views and V.
+            let vocab_arg = Arg::from(i32::try_from(vocab).unwrap_or(i32::MAX));
+            let window_args = |dx: Option<&Tensor>| -> Vec<Arg> {
+                let mut a = vec![
+                    x_flat.as_ref().map(Arg::from).unwrap_or(Arg::from(&x2)),
+                    Arg::from(&tg),
+                    Arg::from(stats),
+                    Arg::from(row_loss),
+                ];
+                if dx.is_some() {
+                    a.extend(dx_flat.as_ref().map(Arg::from));
+                }
+                a.push(vocab_arg);
+                a.push(ignore);
+                a
+            };
             match &dx2 {
                 Some(dx) => {
                     let args = [
@@ -585,9 +688,11 @@ impl Ops {
                         Arg::from(dx),
                         ignore,
                     ];
+                    let wargs = window_args(Some(dx));
                     self.launch_tuned("cross_entropy", &shape_key, &labels, |i, timed| {
                         let grid = grid_x(configs[i].blocks)?;
-                        self.launch_maybe_timed(&*row_kernel(i)?, grid, &args, timed)
+                        let a: &[Arg] = if configs[i].window { &wargs } else { &args };
+                        self.launch_maybe_timed(&*row_kernel(i)?, grid, a, timed)
                     })?;
                 }
                 None => {
@@ -599,13 +704,17 @@ impl Ops {
                         .stored(&key)
                         .and_then(|l| labels.iter().position(|x| *x == l))
                         .unwrap_or(0);
-                    let args = [
-                        Arg::from(&x2),
-                        Arg::from(&tg),
-                        Arg::from(stats),
-                        Arg::from(row_loss),
-                        ignore,
-                    ];
+                    let args = if configs[i].window {
+                        window_args(None)
+                    } else {
+                        vec![
+                            Arg::from(&x2),
+                            Arg::from(&tg),
+                            Arg::from(stats),
+                            Arg::from(row_loss),
+                            ignore,
+                        ]
+                    };
                     self.launch(&*row_kernel(i)?, grid_x(configs[i].blocks)?, &args)?;
                 }
             }
@@ -744,6 +853,45 @@ fn check_cross_entropy(
 
 #[cfg(test)]
 mod tests {
+    /// The window kernels through the op: the in-place form follows the stored tuning
+    /// choice even on the interpreter, so storing a window candidate for the shape runs
+    /// `cross_entropy_window_inplace` (flat views, V as a scalar) against the float64
+    /// reference; and a shape whose flat tensors are not 16-byte aligned gets no window
+    /// candidates.
+    #[test]
+    fn window_kernels_through_the_op() {
+        let mut ops = Ops::new(&Device::interpreter());
+        ops.tuner = Autotuner::new(None, true);
+        for (rows, vocab, t, idx) in [
+            (8usize, 5001usize, DType::BF16, DType::I64),
+            (16, 4099, DType::F16, DType::I32),
+        ] {
+            let configs = ce_configs(rows, vocab, t.size_bytes() as usize, false, false, true);
+            let labels = config_labels(&configs);
+            let w = configs
+                .iter()
+                .position(|c| c.window)
+                .expect("window candidates");
+            let shape_key = format!("T={t},I={idx},rows={rows},V={vocab}");
+            let key = Autotuner::key("cross_entropy", ops.device(), &shape_key);
+            let picked = ops
+                .tuner()
+                .pick_for_key(&key, &labels, |i| Ok(if i == w { 1.0 } else { 2.0 }));
+            assert_eq!(picked, w);
+            let err = check_cross_entropy(&ops, rows, vocab, t, idx, true)
+                .unwrap_or_else(|e| panic!("{rows}x{vocab}: {e}"));
+            assert!(err.is_finite(), "{err}");
+        }
+        // It was the window kernel that ran (compiled for 16-byte aligned flat views).
+        let names: Vec<String> = ops.kernels.lock().unwrap().keys().cloned().collect();
+        assert!(
+            names.iter().any(|k| k
+                .starts_with("cross_entropy_window/cross_entropy_window_inplace/")
+                && !k.contains("logits@")),
+            "{names:?}"
+        );
+    }
+
     use super::*;
 
     #[test]
@@ -751,9 +899,9 @@ mod tests {
         for clusters in [false, true] {
             for v in [1usize, 7, 1000, 2048, 4097, 8193, 50257, 128256] {
                 for rows in [1usize, 7, 8192] {
-                    let c: Vec<CeConfig> = [true, false]
+                    let c: Vec<CeConfig> = [(true, false), (false, false), (false, true)]
                         .iter()
-                        .flat_map(|&a| ce_configs(rows, v, 2, clusters, a))
+                        .flat_map(|&(a, w)| ce_configs(rows, v, 2, clusters, a, w))
                         .collect();
                     assert!(!c.is_empty(), "V={v}");
                     for c in &c {
@@ -761,7 +909,11 @@ mod tests {
                         if c.slots > 0 {
                             // Cached tiles never exceed the row or the scratch budget.
                             assert!(c.slots * c.block * 2 <= CE_SCRATCH_BYTES, "{c:?}");
-                            if c.cluster == 1 {
+                            if c.window {
+                                // A window is at most 14 elements longer than its row.
+                                assert!(c.slots >= 2 && c.cluster == 1, "{c:?}");
+                                assert!((c.slots - 1) * c.block < v + 14, "V={v}: {c:?}");
+                            } else if c.cluster == 1 {
                                 assert!(c.slots >= 2, "{c:?}");
                                 assert!((c.slots - 1) * c.block < v, "V={v}: {c:?}");
                             } else {
@@ -783,16 +935,23 @@ mod tests {
             }
         }
         assert_eq!(
-            ce_configs(3, 7, 2, true, true)[0],
+            ce_configs(3, 7, 2, true, true, false)[0],
             CeConfig::two_pass(32, 1, 3)
         );
-        assert_eq!(ce_configs(3, 1000, 2, true, true)[0].block, 1024);
+        assert_eq!(ce_configs(3, 1000, 2, true, true, false)[0].block, 1024);
         assert_eq!(
-            ce_configs(8192, 50257, 2, true, true)[0],
+            ce_configs(8192, 50257, 2, true, true, false)[0],
             CeConfig::two_pass(4096, 16, 8192)
         );
         // 2-byte rows (register prefetch): one candidate per (BLOCK, warps), no DEPTH.
-        let odd = ce_configs(8192, 50257, 2, true, false);
+        let odd = ce_configs(8192, 50257, 2, true, false, false);
+        assert!(odd.iter().all(|c| !c.window));
+        // With flat views 16-byte vectors can read: the window candidates, whole rows
+        // cached (13 tiles of 4096 hold a 50257-element row's window).
+        let windows = ce_configs(8192, 50257, 2, true, false, true);
+        assert!(windows
+            .iter()
+            .any(|c| c.window && c.block == 4096 && c.slots == 13));
         let cached: Vec<_> = odd
             .iter()
             .filter(|c| c.slots > 0 && c.cluster == 1)
@@ -803,14 +962,14 @@ mod tests {
                 .iter()
                 .all(|b| (b.block, b.warps) != (a.block, a.warps)));
         }
-        let cl = ce_configs(8192, 50257, 2, true, true);
+        let cl = ce_configs(8192, 50257, 2, true, true, false);
         // The whole bf16 row of 50257 fits: 13 tiles of 4096.
         assert!(cl.iter().any(|c| c.slots == 13 && c.block == 4096));
         assert!(cl
             .iter()
             .any(|c| c.cluster == 8 && c.parts == 7 && c.slots == 7 && c.block == 1024));
         // 128256 bf16 (250 KB a row): four blocks of 64 KB each hold a whole row.
-        assert!(ce_configs(4096, 128256, 2, true, true)
+        assert!(ce_configs(4096, 128256, 2, true, true, false)
             .iter()
             .any(|c| c.cluster == 4
                 && c.parts == 8

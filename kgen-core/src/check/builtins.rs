@@ -116,6 +116,12 @@ const BUILTINS: &[Builtin] = &[
         4,
         &["pad", "eviction_policy"],
     ),
+    b(
+        "scratch_gather",
+        &["buffer", "slot", "tensor", "offsets"],
+        4,
+        &["mask", "other", "eviction_policy"],
+    ),
     b("scratch_wait", &["pending"], 1, &[]),
 ];
 
@@ -384,6 +390,7 @@ impl Checker<'_> {
             "scratch_store" => self.scratch_store(a, span),
             "scratch_load" => self.scratch_load(a, span),
             "scratch_fetch" => self.scratch_fetch(a, span),
+            "scratch_gather" => self.scratch_gather(a, span),
             "scratch_wait" => self.scratch_wait(a, span),
             _ => self.error(
                 ErrorCode::UnknownFunction,

@@ -17,6 +17,17 @@ use crate::ir::{Op, TensorParam, ValueId};
 use crate::span::Span;
 use crate::types::{DType, Scalar, Shape, ValueType};
 
+/// The checked operands of an offset access (see `Checker::indexed_parts`).
+pub(super) struct IndexedParts {
+    pub tensor: u32,
+    pub param: TensorParam,
+    pub offsets: Vec<crate::ir::ValueId>,
+    pub mask: Option<crate::ir::ValueId>,
+    pub shape: Shape,
+    /// The value argument of `scatter` / `atomic_add`.
+    pub value: Option<(Ev, Span)>,
+}
+
 impl Checker<'_> {
     /// The tensor argument of a memory builtin and its declaration.
     pub(super) fn tensor_arg(&mut self, arg: &(Ev, Span)) -> Option<(u32, TensorParam)> {
@@ -202,20 +213,36 @@ impl Checker<'_> {
 
     /// `gather`, `scatter` and `atomic_add`.
     pub(crate) fn indexed(&mut self, name: &str, a: &Args, span: Span) -> Ev {
+        match self.indexed_parts(name, a, span, None) {
+            Ok(parts) => self.emit_indexed(name, a, span, parts),
+            Err(e) => e,
+        }
+    }
+
+    /// The checked operands of an offset access (`gather`, `scatter`, `atomic_add`, and
+    /// the gather of `scratch_gather`, whose shape is `fixed`: its slots'): the tensor,
+    /// the offsets and mask coerced to the common shape, and the value to write.
+    pub(super) fn indexed_parts(
+        &mut self,
+        name: &str,
+        a: &Args,
+        span: Span,
+        fixed: Option<&Shape>,
+    ) -> Result<IndexedParts, Ev> {
         let Some((t, tp)) = self.tensor_arg(&a.p(0)) else {
-            return Ev::Poison;
+            return Err(Ev::Poison);
         };
         let (offs_ev, offs_span) = a.p(1);
         let Ev::List(offs) = offs_ev else {
             let desc = self.describe(&offs_ev);
-            return self.error(
+            return Err(self.error(
                 ErrorCode::BadAccess,
                 offs_span,
                 format!("offsets must be a list with one integer tile per tensor dimension, found {desc}"),
-            );
+            ));
         };
         if offs.len() != tp.rank() {
-            return self.push(
+            return Err(self.push(
                 Diagnostic::error(
                     ErrorCode::BadAccess,
                     offs_span,
@@ -226,10 +253,10 @@ impl Checker<'_> {
                     ),
                 )
                 .with_note("give one element-offset tile per dimension"),
-            );
+            ));
         }
         if name == "atomic_add" && !matches!(tp.dtype, DType::F32 | DType::I32) {
-            return self.push(
+            return Err(self.push(
                 Diagnostic::error(
                     ErrorCode::BadMemoryOp,
                     a.p(0).1,
@@ -239,19 +266,23 @@ impl Checker<'_> {
                     ),
                 )
                 .with_note("accumulate in an f32 or i32 tensor and convert afterwards"),
-            );
+            ));
         }
         let mask = a.kw("mask");
-        let value = if name == "gather" { None } else { Some(a.p(2)) };
+        let value = if matches!(name, "gather" | "scratch_gather") {
+            None
+        } else {
+            Some(a.p(2))
+        };
         // The common shape: offsets, mask and value broadcast together.
         let mut parts: Vec<(Ev, Span)> = offs.clone();
         parts.extend(mask.iter().cloned());
         parts.extend(value.iter().cloned());
-        let mut shape: Option<Shape> = None;
+        let mut shape: Option<Shape> = fixed.cloned();
         for (e, sp) in &parts {
             let e = self.expect_value(e.clone(), *sp);
             if matches!(e, Ev::Poison) {
-                return Ev::Poison;
+                return Err(Ev::Poison);
             }
             let Some(ty) = self.ev_type(&e) else { continue };
             match Self::broadcast_shapes(shape.as_ref(), ty.shape()) {
@@ -259,7 +290,20 @@ impl Checker<'_> {
                 Err(()) => {
                     let have = shape.map_or("scalar".into(), |s| s.to_string());
                     let this = ty.shape().map_or("scalar".into(), |s| s.to_string());
-                    return self.push(
+                    if let Some(want) = fixed {
+                        return Err(self.push(
+                            Diagnostic::error(
+                                ErrorCode::ShapeMismatch,
+                                *sp,
+                                format!("shape {this} does not broadcast to the slots' shape {want}"),
+                            )
+                            .with_label_message(format!("this has shape {this}"))
+                            .with_note(format!(
+                                "`{name}` fills one slot: its offsets and mask must broadcast to {want}"
+                            )),
+                        ));
+                    }
+                    return Err(self.push(
                         Diagnostic::error(
                             ErrorCode::ShapeMismatch,
                             *sp,
@@ -269,22 +313,34 @@ impl Checker<'_> {
                         .with_note(format!(
                             "the offsets, mask and value before it broadcast to {have}"
                         )),
-                    );
+                    ));
                 }
             }
         }
+        if let (Some(want), Some(got)) = (fixed, &shape) {
+            if want != got {
+                return Err(self.push(
+                    Diagnostic::error(
+                        ErrorCode::ShapeMismatch,
+                        a.p(1).1,
+                        format!("the offsets and mask broadcast to {got}, not to the slots' shape {want}"),
+                    )
+                    .with_note(format!("`{name}` fills one slot: its offsets must broadcast to {want}")),
+                ));
+            }
+        }
         let Some(shape) = shape else {
-            return self.push(
+            return Err(self.push(
                 Diagnostic::error(
                     ErrorCode::BadAccess,
                     span,
                     format!("`{name}` needs at least one tile among its offsets or value"),
                 )
                 .with_note("help: use `arange` to build offset tiles, or `load` for one tile"),
-            );
+            ));
         };
         if !self.check_tile_shape(&shape, span) {
-            return Ev::Poison;
+            return Err(Ev::Poison);
         }
         let mut offsets = Vec::new();
         for (e, sp) in &offs {
@@ -293,15 +349,15 @@ impl Checker<'_> {
                 None if matches!(e, Ev::Int(_)) => DType::I32,
                 _ => {
                     let desc = self.describe(e);
-                    return self.error(
+                    return Err(self.error(
                         ErrorCode::TypeMismatch,
                         *sp,
                         format!("offsets must be integers, found {desc}"),
-                    );
+                    ));
                 }
             };
             let Some(v) = self.coerce_to(e, &ValueType::Tile(d, shape.clone()), *sp) else {
-                return Ev::Poison;
+                return Err(Ev::Poison);
             };
             offsets.push(v);
         }
@@ -312,22 +368,42 @@ impl Checker<'_> {
                     || self.ev_type(&e).is_some_and(|t| t.dtype() == DType::Bool);
                 if !ok {
                     let desc = self.describe(&e);
-                    return self.push(
+                    return Err(self.push(
                         Diagnostic::error(
                             ErrorCode::TypeMismatch,
                             sp,
                             format!("the mask must be bool, found {desc}"),
                         )
                         .with_note("help: compare to get a mask, e.g. `offs < shape(t, 0)`"),
-                    );
+                    ));
                 }
                 let want = ValueType::Tile(DType::Bool, shape.clone());
                 let Some(v) = self.coerce_to(&e, &want, sp) else {
-                    return Ev::Poison;
+                    return Err(Ev::Poison);
                 };
                 Some(v)
             }
         };
+        Ok(IndexedParts {
+            tensor: t,
+            param: tp,
+            offsets,
+            mask,
+            shape,
+            value,
+        })
+    }
+
+    /// Emits a checked `gather`, `scatter` or `atomic_add`.
+    fn emit_indexed(&mut self, name: &str, a: &Args, span: Span, parts: IndexedParts) -> Ev {
+        let IndexedParts {
+            tensor: t,
+            param: tp,
+            offsets,
+            mask,
+            shape,
+            value,
+        } = parts;
         let tile = ValueType::Tile(tp.dtype, shape);
         let Some((e, sp)) = value else {
             let Some(other) = self.fill_value(a.kw("other"), tp.dtype, "other") else {

@@ -160,6 +160,67 @@ impl Checker<'_> {
         Ev::Unit
     }
 
+    /// `scratch_gather(buf, slot, tensor, offsets, mask = .., other = ..,
+    /// eviction_policy = ..)`: an asynchronous `scratch_store(buf, slot, gather(tensor,
+    /// offsets, mask, other))`, the offsets and mask broadcast to the slots' shape.
+    pub(crate) fn scratch_gather(&mut self, a: &Args, span: Span) -> Ev {
+        let Some(buf) = self.expect_scratch(&a.p(0)) else {
+            return Ev::Poison;
+        };
+        let Some(slot) = self.scratch_slot(&a.p(1)) else {
+            return Ev::Poison;
+        };
+        let b = &self.func.scratch[buf as usize];
+        let (name, decl, dtype, shape) = (b.name.clone(), b.span, b.dtype, b.slot_shape.clone());
+        // The gather's own arguments: (tensor, offsets) and the keywords.
+        let gather_args = Args {
+            pos: a.pos.get(2..).map(<[_]>::to_vec).unwrap_or_default(),
+            kw: a.kw.clone(),
+            eviction: a.eviction,
+            span,
+        };
+        let Some((_, tp)) = self.tensor_arg(&gather_args.p(0)) else {
+            return Ev::Poison;
+        };
+        if tp.dtype != dtype {
+            let want = ValueType::Tile(dtype, Shape(shape.clone()));
+            return self.push(
+                Diagnostic::error(
+                    ErrorCode::TypeMismatch,
+                    a.p(2).1,
+                    format!(
+                        "cannot gather from a `{}` tensor into `{name}`, whose slots are `{want}`",
+                        tp.dtype
+                    ),
+                )
+                .with_secondary(decl, format!("`{name}` is declared here"))
+                .with_note("help: the tensor must have the slots' dtype"),
+            );
+        }
+        let parts =
+            match self.indexed_parts("scratch_gather", &gather_args, span, Some(&Shape(shape))) {
+                Ok(p) => p,
+                Err(e) => return e,
+            };
+        let Some(other) = self.fill_value(a.kw("other"), dtype, "other") else {
+            return Ev::Poison;
+        };
+        self.emit(
+            Op::ScratchGather {
+                buf,
+                slot,
+                tensor: parts.tensor,
+                offsets: parts.offsets,
+                mask: parts.mask,
+                other,
+                eviction: a.eviction,
+            },
+            vec![],
+            span,
+        );
+        Ev::Unit
+    }
+
     /// `scratch_wait(pending)`: a constant count of fetches left in flight.
     pub(crate) fn scratch_wait(&mut self, a: &Args, span: Span) -> Ev {
         let Some(pending) = self.const_int(&a.p(0), 0, MAX_PENDING, "`scratch_wait` count") else {

@@ -128,6 +128,9 @@ const FUNCS: &[&str] = &[
     "scatter",
     "atomic_add",
     "dot",
+    "scratch_fetch",
+    "scratch_gather",
+    "scratch_wait",
     "nope",
 ];
 const KEYWORDS: &[&str] = &["pad", "mask", "other", "axis", "x", "shape", "bogus"];

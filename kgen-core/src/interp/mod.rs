@@ -721,6 +721,46 @@ impl Machine<'_> {
                 self.fetches.push_back(fetch);
                 return Ok(None);
             }
+            Op::ScratchGather {
+                buf,
+                slot,
+                tensor,
+                offsets,
+                mask,
+                other,
+                ..
+            } => {
+                // Like `ScratchFetch`: the elements are read now and land in the slot
+                // when a wait completes the fetch.
+                let k = self.scratch_slot(*buf, *slot)?;
+                let b = self
+                    .func
+                    .scratch
+                    .get(*buf as usize)
+                    .ok_or_else(|| bad("no such scratch buffer"))?;
+                let (d, s) = (b.dtype, b.slot_shape.clone());
+                let fetch = match k {
+                    Some(k) => {
+                        self.check_no_fetch_in_flight(*buf, k, "scratch_gather")?;
+                        let (coords, mask) = self.coords(offsets, *mask)?;
+                        let refs: Vec<&Val> = coords.iter().map(|c| &**c).collect();
+                        let data = self.with_tensor(*tensor, |t| {
+                            if t.dtype != d {
+                                return Err(bad(format!(
+                                    "gather of {d} from a {} tensor",
+                                    t.dtype
+                                )));
+                            }
+                            let offs = memory::coord_offsets(t, &refs, mask.as_deref(), &s)?;
+                            memory::read(t, &offs, &scalar_data(d, *other, 1))
+                        })?;
+                        Some((*buf, k, Rc::new(Val::new(d, s, data)?)))
+                    }
+                    None => None,
+                };
+                self.fetches.push_back(fetch);
+                return Ok(None);
+            }
             Op::ScratchWait { pending } => {
                 while self.fetches.len() > *pending as usize {
                     if let Some(Some((b, k, v))) = self.fetches.pop_front() {

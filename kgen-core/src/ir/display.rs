@@ -219,6 +219,22 @@ impl Printer<'_> {
                 self.list(index),
                 eviction_suffix(*eviction)
             ),
+            Op::ScratchGather {
+                buf,
+                slot,
+                tensor,
+                offsets,
+                mask,
+                other,
+                eviction,
+            } => format!(
+                "scratch_gather #{buf}[{}], {}[{}]{} other {other}{}",
+                u(self, slot),
+                self.tensor(*tensor),
+                self.list(offsets),
+                mask.map_or(String::new(), |m| format!(" mask {}", self.use_(m))),
+                eviction_suffix(*eviction)
+            ),
             Op::ScratchWait { pending } => format!("scratch_wait {pending}"),
             Op::ScratchStore { buf, slot, value } => {
                 format!(

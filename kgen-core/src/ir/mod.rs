@@ -350,8 +350,23 @@ pub enum Op {
         padding: Scalar,
         eviction: Eviction,
     },
+    /// `scratch_gather(buf, slot, tensor, offsets, mask, other)`: starts copying
+    /// `gather(tensor, offsets, mask, other)` (the offsets and mask have the slot's
+    /// shape) into slot `slot` of `buf`, asynchronously: a `ScratchFetch` whose elements
+    /// come from element coordinates instead of a tile; counted, waited for and
+    /// restricted like one. No results.
+    ScratchGather {
+        buf: u32,
+        slot: ValueId,
+        tensor: u32,
+        offsets: Vec<ValueId>,
+        mask: Option<ValueId>,
+        other: Scalar,
+        eviction: Eviction,
+    },
     /// `scratch_wait(pending)`: waits until at most the `pending` most recent
-    /// `ScratchFetch`es of this block are still in flight. No results.
+    /// `ScratchFetch`es (and `ScratchGather`s) of this block are still in flight. No
+    /// results.
     ScratchWait {
         pending: u32,
     },
@@ -420,6 +435,17 @@ impl Function {
                 v.extend(index.iter().copied());
                 v
             }
+            Op::ScratchGather {
+                slot,
+                offsets,
+                mask,
+                ..
+            } => {
+                let mut v = vec![*slot];
+                v.extend(offsets.iter().copied());
+                v.extend(mask.iter().copied());
+                v
+            }
             Op::ScratchWait { .. } => vec![],
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
             Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![*a, *b, *c],
@@ -478,6 +504,7 @@ impl Function {
                 | Op::AtomicAdd { .. }
                 | Op::ScratchStore { .. }
                 | Op::ScratchFetch { .. }
+                | Op::ScratchGather { .. }
                 | Op::ScratchWait { .. }
                 | Op::For { .. }
                 | Op::If { .. }

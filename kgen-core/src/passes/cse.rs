@@ -29,6 +29,7 @@ fn is_pure(op: &Op) -> bool {
             | Op::ScratchLoad { .. }
             | Op::ScratchStore { .. }
             | Op::ScratchFetch { .. }
+            | Op::ScratchGather { .. }
             | Op::ScratchWait { .. }
             | Op::For { .. }
             | Op::If { .. }

@@ -27,6 +27,15 @@ pub(super) fn operands_mut(op: &mut Op) -> Vec<&mut ValueId> {
         Op::ScratchFetch { slot, index, .. } => {
             std::iter::once(slot).chain(index.iter_mut()).collect()
         }
+        Op::ScratchGather {
+            slot,
+            offsets,
+            mask,
+            ..
+        } => std::iter::once(slot)
+            .chain(offsets.iter_mut())
+            .chain(mask.iter_mut())
+            .collect(),
         Op::ScratchWait { .. } => vec![],
         Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![a, b],
         Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![a, b, c],

@@ -250,7 +250,8 @@ impl Validator<'_> {
         match op {
             Op::Load { tensor, .. }
             | Op::Gather { tensor, .. }
-            | Op::ScratchFetch { tensor, .. } => mark(tensor, true, false),
+            | Op::ScratchFetch { tensor, .. }
+            | Op::ScratchGather { tensor, .. } => mark(tensor, true, false),
             Op::Store { tensor, .. } | Op::Scatter { tensor, .. } => mark(tensor, false, true),
             Op::AtomicAdd { tensor, .. } => {
                 mark(tensor, true, true);

@@ -55,6 +55,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
         | Op::Scatter { .. }
         | Op::ScratchStore { .. }
         | Op::ScratchFetch { .. }
+        | Op::ScratchGather { .. }
         | Op::ScratchWait { .. }
         | Op::Yield(_) => 0,
         Op::For { inits, .. } => inits.len(),
@@ -329,6 +330,24 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
                 v.dtype() == t.dtype && v.shape().map(|s| s.rank()) == Some(t.rank()),
                 || format!("store of {v} to a rank-{} {} tensor", t.rank(), t.dtype),
             )
+        }
+        Op::ScratchGather {
+            buf,
+            slot,
+            tensor,
+            offsets,
+            mask,
+            other,
+            ..
+        } => {
+            let want = scratch_slot_type(func, *buf, &ty(slot))?;
+            let t = func
+                .tensor_param(*tensor)
+                .ok_or("scratch_gather from a non-tensor")?;
+            ensure(want.dtype() == t.dtype && other.dtype() == t.dtype, || {
+                format!("scratch_gather of {want} slots from a {} tensor", t.dtype)
+            })?;
+            check_offsets(func, offsets, *mask, t.rank(), want.shape())
         }
         Op::Gather {
             tensor,

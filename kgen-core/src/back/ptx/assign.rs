@@ -9,8 +9,10 @@
 //! The policy (Triton's coalesce + remove-layout-conversions, simplified):
 //! - Anchors: every tile shape gets one default `Blocked` layout whose `size_per_thread`
 //!   along the last dim is the widest vector any global access of that (squeezed) shape
-//!   can use: `min(16 B, align_bytes) / elem_size`. Lanes fill the contiguous dim first
-//!   (coalescing), warps last. Unit dims do not count, so `[1, N]` and `[N]` agree.
+//!   can use: `min(16 B, align_bytes) / elem_size` for tile loads and stores; for
+//!   `gather`, `scatter` and `scratch_gather`, what the axis facts prove
+//!   (`AxisFacts::pointwise_vector`). Lanes fill the contiguous dim first (coalescing),
+//!   warps last. Unit dims do not count, so `[1, N]` and `[N]` agree.
 //! - Element-wise results take the layout of their first operand that is not a splat or
 //!   constant (those can be re-materialized in any layout for free).
 //! - Reductions give `Slice`; `expand_dims` of a `Slice` gives back its parent, and
@@ -19,6 +21,7 @@
 //! - Loop-carried values take the layout of their initial value, unless that is a
 //!   constant or splat: then they take the layout the body yields (one re-run).
 
+use super::axis::{self, AxisFacts};
 use super::layout::{self, Blocked, Layout, Linear};
 use crate::ir::{Block, Function, Op, ValueId};
 use crate::types::{DType, ValueType};
@@ -32,6 +35,8 @@ pub struct Assignment {
     pub num_warps: u32,
     /// Preferred vector width per squeezed padded shape.
     pref_vec: HashMap<Vec<u32>, u32>,
+    /// What is known about integer values along their last axis (vectorized gathers).
+    pub axis: AxisFacts,
 }
 
 impl Assignment {
@@ -88,6 +93,7 @@ pub fn assign(func: &Function, num_warps: u32) -> Assignment {
             uniform_tile: vec![false; n],
             num_warps,
             pref_vec: HashMap::new(),
+            axis: axis::analyze(func),
         },
     };
     a.collect_vectors(&func.body);
@@ -102,6 +108,52 @@ impl Assigner<'_> {
             let (tensor, v) = match &inst.op {
                 Op::Load { tensor, .. } => (*tensor, inst.results.first().copied()),
                 Op::Store { tensor, value, .. } => (*tensor, Some(*value)),
+                // A gather or scatter whose coordinates are contiguous and aligned
+                // (`AxisFacts::pointwise_vector`) wants the vectors a tile access would.
+                Op::Gather {
+                    tensor, offsets, ..
+                }
+                | Op::Scatter {
+                    tensor, offsets, ..
+                } => {
+                    let v = match &inst.op {
+                        Op::Scatter { value, .. } => *value,
+                        _ => match inst.results.first() {
+                            Some(&r) => r,
+                            None => continue,
+                        },
+                    };
+                    let Some(t) = self.func.tensor_param(*tensor) else {
+                        continue;
+                    };
+                    let shape = crate::ir::shape_of(self.func.value_type(v));
+                    let vec = self.out.axis.pointwise_vector(t, offsets, shape);
+                    if vec > 1 {
+                        let e = self.out.pref_vec.entry(squeeze(shape)).or_insert(1);
+                        *e = (*e).max(vec as u32);
+                    }
+                    continue;
+                }
+                // Likewise the slots a `scratch_gather` fills.
+                Op::ScratchGather {
+                    buf,
+                    tensor,
+                    offsets,
+                    ..
+                } => {
+                    let (Some(t), Some(b)) = (
+                        self.func.tensor_param(*tensor),
+                        self.func.scratch.get(*buf as usize),
+                    ) else {
+                        continue;
+                    };
+                    let vec = self.out.axis.pointwise_vector(t, offsets, &b.slot_shape);
+                    if vec > 1 {
+                        let e = self.out.pref_vec.entry(squeeze(&b.slot_shape)).or_insert(1);
+                        *e = (*e).max(vec as u32);
+                    }
+                    continue;
+                }
                 Op::For { body, .. } => {
                     self.collect_vectors(body);
                     continue;

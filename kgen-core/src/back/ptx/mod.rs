@@ -12,6 +12,7 @@
 //! `Unsupported` for constructs this back end does not lower.
 
 pub mod assign;
+pub mod axis;
 pub mod isa;
 pub mod layout;
 pub mod lower;
@@ -19,6 +20,8 @@ pub mod writer;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_gather;
 #[cfg(test)]
 mod tests_scratch;
 
@@ -313,7 +316,8 @@ fn access_flags(func: &Function, b: &Block, read: &mut [bool], written: &mut [bo
         match &func.insts[i].op {
             Op::Load { tensor, .. }
             | Op::Gather { tensor, .. }
-            | Op::ScratchFetch { tensor, .. } => {
+            | Op::ScratchFetch { tensor, .. }
+            | Op::ScratchGather { tensor, .. } => {
                 if let Some(r) = read.get_mut(*tensor as usize) {
                     *r = true;
                 }

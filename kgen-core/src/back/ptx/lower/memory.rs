@@ -23,6 +23,7 @@
 // Coordinates index several parallel per-dimension arrays at once.
 #![allow(clippy::needless_range_loop)]
 
+use super::pointwise_vec::PointwiseAccess;
 use super::{class_of, unsupported, Ext, Lowerer, TensorRegs, R};
 use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
 use crate::back::ptx::layout::{Blocked, Linear};
@@ -37,6 +38,12 @@ pub(super) struct Group {
     pub addr: Reg,
     pub imm: i64,
     pub pred: Option<Reg>,
+}
+
+/// Per-access cache of the 64-bit extents that `i64` coordinates are checked against.
+#[derive(Default)]
+pub(super) struct CoordinateCache {
+    ext64: HashMap<usize, Operand>,
 }
 
 /// The vector accesses of one tile access (`vec` elements each).
@@ -73,12 +80,12 @@ fn log2(n: u32) -> i64 {
 
 /// A tile load whose words are loaded but not yet unpacked into element registers.
 pub struct DeferredLoad {
-    dt: DType,
-    vec: u32,
+    pub(super) dt: DType,
+    pub(super) vec: u32,
     /// (element register indices, loaded words) per vector access.
-    groups: Vec<(Vec<usize>, Vec<Reg>)>,
-    num_regs: usize,
-    padding: crate::types::Scalar,
+    pub(super) groups: Vec<(Vec<usize>, Vec<Reg>)>,
+    pub(super) num_regs: usize,
+    pub(super) padding: crate::types::Scalar,
 }
 
 impl Lowerer<'_> {
@@ -404,7 +411,13 @@ impl Lowerer<'_> {
 
     /// Loads `vec` elements (one vector instruction); returns the loaded words (see
     /// `unpack`).
-    fn load_vector(&mut self, dt: DType, vec: u32, access: &VectorAccess, pad: u64) -> Vec<Reg> {
+    pub(super) fn load_vector(
+        &mut self,
+        dt: DType,
+        vec: u32,
+        access: &VectorAccess,
+        pad: u64,
+    ) -> Vec<Reg> {
         let VectorAccess {
             addr,
             imm,
@@ -755,7 +768,6 @@ impl Lowerer<'_> {
             }
         };
         let dt = p.dtype;
-        let es = p.dtype.size_bytes();
         let n = lin.num_regs();
         let mut offs = Vec::new();
         for &o in offsets {
@@ -785,63 +797,36 @@ impl Lowerer<'_> {
         let ths: Vec<Option<Reg>> = (0..shape.len())
             .map(|d| self.thread_coord(&lin, d))
             .collect();
-        let mut ext64: HashMap<usize, Operand> = HashMap::new();
+        if !atomic && !shape.is_empty() {
+            let want = self.asg.axis.pointwise_vector(&p, offsets, &shape);
+            let vec = want.min(lin.contiguity(shape.len() - 1) as u64) as u32;
+            let mask_uniform =
+                mask.is_none_or(|m| self.asg.axis.in_access(m, &shape).constancy >= vec as u64);
+            // A gather whose mask varies inside a vector stays element by element; a
+            // scatter splits such vectors into element stores (`lower_pointwise_vectors`).
+            if vec >= 2 && (value.is_some() || mask_uniform) {
+                return self.lower_pointwise_vectors(PointwiseAccess {
+                    id,
+                    tensor: t,
+                    dtype: dt,
+                    lin,
+                    shape,
+                    offsets: offs,
+                    mask: mask_regs,
+                    mask_uniform,
+                    values: vals,
+                    other,
+                    policy,
+                    vec,
+                });
+            }
+        }
+        let mut coords = CoordinateCache::default();
         let mut out = Vec::with_capacity(n);
         for r in 0..n {
             let c = lin.reg_coord(r);
             let padded_out = (0..shape.len()).any(|d| ths[d].is_none() && c[d] >= shape[d]);
-            let mut preds: Vec<Reg> = Vec::new();
-            let mut elem: Option<Reg> = None;
-            for (d, (o, odt)) in offs.iter().enumerate() {
-                let o = o[r];
-                let (ib, term) = match odt {
-                    DType::I64 => {
-                        let e = match ext64.get(&d) {
-                            Some(e) => e.clone(),
-                            None => {
-                                let e = match t.dims[d] {
-                                    Ext::Const(c) => Operand::Imm(c),
-                                    Ext::Reg(x) => self
-                                        .op1(RegClass::B64, "cvt.s64.s32", vec![x.into()])
-                                        .into(),
-                                };
-                                ext64.insert(d, e.clone());
-                                e
-                            }
-                        };
-                        let ib = self.op1(RegClass::Pred, "setp.lt.u64", vec![o.into(), e]);
-                        let s = match t.strides[d] {
-                            Ext::Const(c) => Operand::Imm(c),
-                            Ext::Reg(x) => self
-                                .op1(RegClass::B64, "cvt.s64.s32", vec![x.into()])
-                                .into(),
-                        };
-                        (ib, self.op1(RegClass::B64, "mul.lo.s64", vec![o.into(), s]))
-                    }
-                    DType::I32 | DType::U32 => {
-                        let ib = self.op1(
-                            RegClass::Pred,
-                            "setp.lt.u32",
-                            vec![o.into(), t.dims[d].op()],
-                        );
-                        (
-                            ib,
-                            self.op1(
-                                RegClass::B64,
-                                "mul.wide.s32",
-                                vec![o.into(), t.strides[d].op()],
-                            ),
-                        )
-                    }
-                    _ => return Err(unsupported(span, format!("offsets of dtype {odt}"))),
-                };
-                preds.push(ib);
-                elem = Some(match elem {
-                    None => term,
-                    Some(a) => self.op1(RegClass::B64, "add.s64", vec![a.into(), term.into()]),
-                });
-            }
-            let elem = elem.ok_or_else(|| unsupported(span, "no offsets"))?;
+            let (mut preds, elem) = self.element_offset(&t, &offs, r, &mut coords, span)?;
             for d in 0..shape.len() {
                 if let (false, Some(x)) = (shape[d].is_power_of_two(), ths[d]) {
                     let l = self.op1(
@@ -861,16 +846,7 @@ impl Lowerer<'_> {
             }
             preds.extend(replica);
             let pred = self.and_all(&preds).map(|p| (p, false));
-            let bytes = if es > 1 {
-                self.op1(
-                    RegClass::B64,
-                    "shl.b64",
-                    vec![elem.into(), Operand::Imm(log2(es))],
-                )
-            } else {
-                elem
-            };
-            let addr = self.op1(RegClass::B64, "add.s64", vec![t.base.into(), bytes.into()]);
+            let addr = self.element_address(t.base, dt, elem);
             let mem = Operand::Mem(Addr::Reg(addr), 0);
             if let Some(other) = other {
                 out.push(self.gather_one(
@@ -927,6 +903,87 @@ impl Lowerer<'_> {
         Ok(())
     }
 
+    /// The element offset (`Σ coordinate × stride`, 64-bit) of register `r`'s element of
+    /// a per-element access and its in-bounds predicates (one per dimension;
+    /// `setp.lt.u32` / `.u64` also rejects negative coordinates).
+    pub(super) fn element_offset(
+        &mut self,
+        t: &TensorRegs,
+        offs: &[(Vec<Reg>, DType)],
+        r: usize,
+        cache: &mut CoordinateCache,
+        span: Span,
+    ) -> R<(Vec<Reg>, Reg)> {
+        let mut preds: Vec<Reg> = Vec::new();
+        let mut elem: Option<Reg> = None;
+        for (d, (o, odt)) in offs.iter().enumerate() {
+            let o = o[r];
+            let (ib, term) = match odt {
+                DType::I64 => {
+                    let e = match cache.ext64.get(&d) {
+                        Some(e) => e.clone(),
+                        None => {
+                            let e = match t.dims[d] {
+                                Ext::Const(c) => Operand::Imm(c),
+                                Ext::Reg(x) => self
+                                    .op1(RegClass::B64, "cvt.s64.s32", vec![x.into()])
+                                    .into(),
+                            };
+                            cache.ext64.insert(d, e.clone());
+                            e
+                        }
+                    };
+                    let ib = self.op1(RegClass::Pred, "setp.lt.u64", vec![o.into(), e]);
+                    let s = match t.strides[d] {
+                        Ext::Const(c) => Operand::Imm(c),
+                        Ext::Reg(x) => self
+                            .op1(RegClass::B64, "cvt.s64.s32", vec![x.into()])
+                            .into(),
+                    };
+                    (ib, self.op1(RegClass::B64, "mul.lo.s64", vec![o.into(), s]))
+                }
+                DType::I32 | DType::U32 => {
+                    let ib = self.op1(
+                        RegClass::Pred,
+                        "setp.lt.u32",
+                        vec![o.into(), t.dims[d].op()],
+                    );
+                    (
+                        ib,
+                        self.op1(
+                            RegClass::B64,
+                            "mul.wide.s32",
+                            vec![o.into(), t.strides[d].op()],
+                        ),
+                    )
+                }
+                _ => return Err(unsupported(span, format!("offsets of dtype {odt}"))),
+            };
+            preds.push(ib);
+            elem = Some(match elem {
+                None => term,
+                Some(a) => self.op1(RegClass::B64, "add.s64", vec![a.into(), term.into()]),
+            });
+        }
+        let elem = elem.ok_or_else(|| unsupported(span, "no offsets"))?;
+        Ok((preds, elem))
+    }
+
+    /// The address of element offset `elem` of a tensor of `dt` at `base`.
+    pub(super) fn element_address(&mut self, base: Reg, dt: DType, elem: Reg) -> Reg {
+        let es = dt.size_bytes();
+        let bytes = if es > 1 {
+            self.op1(
+                RegClass::B64,
+                "shl.b64",
+                vec![elem.into(), Operand::Imm(log2(es))],
+            )
+        } else {
+            elem
+        };
+        self.op1(RegClass::B64, "add.s64", vec![base.into(), bytes.into()])
+    }
+
     /// One gathered element: `mov` of `other`, then a predicated scalar load.
     fn gather_one(
         &mut self,
@@ -978,11 +1035,11 @@ impl Lowerer<'_> {
 }
 
 /// Where one vector load goes: address register plus immediate, guard, cache policy.
-struct VectorAccess {
-    addr: Reg,
-    imm: i64,
-    pred: Option<Reg>,
-    policy: Option<Reg>,
+pub(super) struct VectorAccess {
+    pub(super) addr: Reg,
+    pub(super) imm: i64,
+    pub(super) pred: Option<Reg>,
+    pub(super) policy: Option<Reg>,
 }
 
 /// The `.L2::cache_hint` qualifier of a global access with a cache policy (appending the

@@ -18,6 +18,7 @@
 mod arith;
 mod cluster;
 mod memory;
+mod pointwise_vec;
 mod reduce;
 mod scratch;
 mod shape;
@@ -967,6 +968,7 @@ impl<'a> Lowerer<'a> {
             Op::ScratchStore { .. } => self.lower_scratch_store(id),
             Op::ScratchLoad { .. } => self.lower_scratch_load(id),
             Op::ScratchFetch { .. } => self.lower_scratch_fetch(id),
+            Op::ScratchGather { .. } => self.lower_scratch_gather(id),
             Op::ScratchWait { .. } => self.lower_scratch_wait(id),
         }
     }

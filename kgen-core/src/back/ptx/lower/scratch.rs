@@ -14,6 +14,8 @@
 //! chunks (no bank conflicts). Slots outside `0..slots` are masked (`setp.lt.u32`, which
 //! also rejects negative slots): stores are dropped, loads read 0.
 
+use super::memory::{Group, Plan};
+use super::pointwise_vec::PointwiseAccess;
 use super::{unsupported, Lowerer, R};
 use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
 use crate::back::ptx::layout::Linear;
@@ -63,7 +65,7 @@ pub(super) fn region_scratch_ops(func: &Function, i: InstId) -> (bool, bool) {
     let (mut waits, mut fetches) = (false, false);
     crate::ir::visit_insts(func, roots, |op| match op {
         Op::ScratchWait { .. } => waits = true,
-        Op::ScratchFetch { .. } => fetches = true,
+        Op::ScratchFetch { .. } | Op::ScratchGather { .. } => fetches = true,
         _ => {}
     });
     (waits, fetches)
@@ -244,16 +246,7 @@ impl Lowerer<'_> {
         let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
         let (t, tp) = self.tensor(tensor, span)?;
         let plan = self.tile_access(&t, &tp, &p.layout, &shape, index, false, span)?;
-        let es = dt.size_bytes();
-        let bytes = plan.vec * es;
-        let vec = plan.vec as usize;
-        // Each vector must be whole registers of one chunk, in order.
-        let in_chunks = plan.groups.iter().all(|g| {
-            g.regs.first().is_some_and(|&r0| {
-                r0 % vec == 0 && g.regs.iter().enumerate().all(|(j, &r)| r == r0 + j)
-            })
-        });
-        if !matches!(bytes, 4 | 8 | 16) || !in_chunks || vec > p.chunk {
+        if !copies_by_cp_async(&plan, &p, dt) {
             // No cp.async: the loads are issued now, the stores into the slot wait until
             // the fetch must be complete (see `PendingFetch`).
             let load =
@@ -272,12 +265,35 @@ impl Lowerer<'_> {
             self.emit("cp.async.commit_group", vec![]);
             return Ok(());
         }
+        let policy = self.cache_policy(eviction);
+        let pad_bits = super::memory::scalar_bits(padding, dt);
+        self.emit_fetch_copies(&plan, addr, in_range, &p, dt, policy, pad_bits);
+        self.count_fetch();
+        self.emit("cp.async.commit_group", vec![]);
+        Ok(())
+    }
+
+    /// The `cp.async` copies of a fetch whose `plan` passed `copies_by_cp_async`: one
+    /// per vector (`.cg` for 16 bytes, `.ca` for 4 or 8) into the thread's own chunks of
+    /// the slot at `addr` (where `in_range`); a masked-off vector gets the padding by a
+    /// `st.shared` under the complementary predicate, as do registers no vector covers.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_fetch_copies(
+        &mut self,
+        plan: &Plan,
+        addr: Reg,
+        in_range: Reg,
+        p: &ScratchPlacement,
+        dt: DType,
+        policy: Option<Reg>,
+        pad_bits: u64,
+    ) {
+        let es = dt.size_bytes();
+        let bytes = plan.vec * es;
         let stride = (self.threads() * (p.chunk as u32) * es) as i64;
         let reg_offset = |r: usize| {
             p.offset as i64 + (r / p.chunk) as i64 * stride + (r % p.chunk) as i64 * es as i64
         };
-        let policy = self.cache_policy(eviction);
-        let pad_bits = super::memory::scalar_bits(padding, dt);
         let level = if bytes == 16 { "cg" } else { "ca" };
         let mut pad_words: Option<(Vec<Reg>, &'static str)> = None;
         let mut covered = vec![false; p.layout.num_regs()];
@@ -351,7 +367,110 @@ impl Lowerer<'_> {
                 );
             }
         }
-        self.count_fetch();
+    }
+
+    /// `scratch_gather(buf, slot, tensor, offsets, mask, other)`: a fetch whose elements
+    /// come from coordinates. Where the axis facts prove the coordinates contiguous and
+    /// aligned over the thread's chunks (and the mask constant over them), each chunk is
+    /// one `cp.async` as for `scratch_fetch`; otherwise the gather's loads are issued
+    /// now and stored into the slot where the fetch must be complete (`PendingFetch`).
+    /// One commit group per gather either way.
+    pub fn lower_scratch_gather(&mut self, id: InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let Op::ScratchGather {
+            buf,
+            slot,
+            tensor,
+            ref offsets,
+            mask,
+            other,
+            eviction,
+        } = inst.op
+        else {
+            return Ok(());
+        };
+        if !self.target.caps.cp_async {
+            return Err(unsupported(
+                span,
+                "scratch_gather needs cp.async (sm_80 or newer)",
+            ));
+        }
+        let b = func
+            .scratch
+            .get(buf as usize)
+            .ok_or_else(|| unsupported(span, "no such scratch buffer"))?;
+        let (dt, shape) = (b.dtype, b.slot_shape.clone());
+        if dt == DType::Bool || shape.is_empty() {
+            return Err(unsupported(span, "scratch buffers of bool"));
+        }
+        let slot_reg = self.scalar(slot, span)?;
+        let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
+        let (t, tp) = self.tensor(tensor, span)?;
+        let lin = p.layout.clone();
+        let mut offs = Vec::with_capacity(offsets.len());
+        for &o in offsets {
+            offs.push((self.operand_in(o, &lin, span)?, self.dtype(o)));
+        }
+        let mask_regs = match mask {
+            Some(m) => Some(self.operand_in(m, &lin, span)?),
+            None => None,
+        };
+        let facts = &self.asg.axis;
+        let want = facts.pointwise_vector(&tp, offsets, &shape);
+        let mut vec = want
+            .min(lin.contiguity(shape.len() - 1) as u64)
+            .min(p.chunk as u64) as u32;
+        if mask.is_some_and(|m| facts.in_access(m, &shape).constancy < vec as u64) {
+            vec = 1;
+        }
+        let policy = self.cache_policy(eviction);
+        let access = PointwiseAccess {
+            id,
+            tensor: t,
+            dtype: dt,
+            lin,
+            shape,
+            offsets: offs,
+            mask: mask_regs,
+            mask_uniform: true,
+            values: None,
+            other: Some(other),
+            policy,
+            vec,
+        };
+        let runs = self.offset_runs(&access, true, span)?;
+        let plan = Plan {
+            vec,
+            groups: runs
+                .iter()
+                .map(|r| Group {
+                    regs: r.members.clone(),
+                    addr: r.addr,
+                    imm: 0,
+                    pred: r.pred,
+                })
+                .collect(),
+        };
+        if copies_by_cp_async(&plan, &p, dt) {
+            let pad_bits = super::memory::scalar_bits(other, dt);
+            self.emit_fetch_copies(&plan, addr, in_range, &p, dt, policy, pad_bits);
+            self.count_fetch();
+        } else {
+            let load = self.issue_run_loads(&access, &runs);
+            let seq = self.count_fetch();
+            if let Some(scope) = self.fetch_scopes.last_mut() {
+                scope.pending.push(PendingFetch {
+                    seq,
+                    load,
+                    dt,
+                    addr,
+                    in_range,
+                    placement: p,
+                });
+            }
+        }
         self.emit("cp.async.commit_group", vec![]);
         Ok(())
     }
@@ -497,6 +616,19 @@ impl Lowerer<'_> {
     pub(super) fn scratch_base(&mut self) -> Reg {
         self.prologue_symbol(|l| &mut l.scratch_base, super::SMEM)
     }
+}
+
+/// Whether `cp.async` can copy the vectors of `plan` into a slot of placement `p`: 4, 8
+/// or 16 bytes each, each the whole registers of one chunk, in order.
+fn copies_by_cp_async(plan: &Plan, p: &ScratchPlacement, dt: DType) -> bool {
+    let bytes = plan.vec * dt.size_bytes();
+    let vec = plan.vec as usize;
+    let in_chunks = plan.groups.iter().all(|g| {
+        g.regs.first().is_some_and(|&r0| {
+            r0 % vec == 0 && g.regs.iter().enumerate().all(|(j, &r)| r == r0 + j)
+        })
+    });
+    matches!(bytes, 4 | 8 | 16) && in_chunks && vec <= p.chunk
 }
 
 /// `.v2` / `.v4` for a vector of that many words, else nothing.
