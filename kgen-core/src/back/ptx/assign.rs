@@ -20,6 +20,8 @@
 //!   (preferring the default layout of the result shape when that is equally free).
 //! - Loop-carried values take the layout of their initial value, unless that is a
 //!   constant or splat: then they take the layout the body yields (one re-run).
+//! - A load used only by a broadcast (through casts / negations) takes the broadcast
+//!   result's anchor, resized to its own shape, so the broadcast is free.
 
 use super::axis::{self, AxisFacts};
 use super::layout::{self, Blocked, Layout, Linear};
@@ -73,6 +75,9 @@ struct Assigner<'f> {
     func: &'f Function,
     num_warps: u32,
     out: Assignment,
+    /// Layouts chosen for loads (and the casts after them) ahead of the forward walk:
+    /// see `broadcast_sources`.
+    wanted: HashMap<ValueId, Layout>,
 }
 
 fn squeeze(shape: &[u32]) -> Vec<u32> {
@@ -95,8 +100,10 @@ pub fn assign(func: &Function, num_warps: u32) -> Assignment {
             pref_vec: HashMap::new(),
             axis: axis::analyze(func),
         },
+        wanted: HashMap::new(),
     };
     a.collect_vectors(&func.body);
+    a.broadcast_sources();
     a.block(&func.body);
     a.out
 }
@@ -189,6 +196,61 @@ impl Assigner<'_> {
 
     fn default_layout(&self, shape: &[u32]) -> Layout {
         self.out.default_layout(shape)
+    }
+
+    /// Loads read only to be broadcast (a `[1, N]` table row scaling a `[ROWS, N]`
+    /// tile), possibly through casts and negations: such a load takes the broadcast
+    /// result's anchor layout resized to its own shape (the extra dims become replica
+    /// bits), so the broadcast is a register renaming instead of a round trip through
+    /// shared memory (Triton's backward propagation of layouts to loads, for this case).
+    /// Only where every value of the chain has that one use.
+    fn broadcast_sources(&mut self) {
+        let func = self.func;
+        let mut defs: HashMap<ValueId, &Op> = HashMap::new();
+        let mut uses: HashMap<ValueId, usize> = HashMap::new();
+        let mut broadcasts: Vec<(ValueId, ValueId)> = Vec::new();
+        crate::ir::visit_insts(func, vec![&func.body], |op| {
+            for o in Function::operands(op) {
+                *uses.entry(o).or_default() += 1;
+            }
+        });
+        for (_, inst) in func.insts.iter() {
+            if let [r] = inst.results[..] {
+                defs.insert(r, &inst.op);
+                if let Op::Broadcast(src) = inst.op {
+                    broadcasts.push((src, r));
+                }
+            }
+        }
+        for (src, res) in broadcasts {
+            let (sshape, rshape) = (self.shape(src), self.shape(res));
+            let target = self
+                .default_layout(&rshape)
+                .linear(&rshape, self.num_warps)
+                .resize(&sshape);
+            let mut chain = vec![src];
+            let mut v = src;
+            let reaches_load = loop {
+                if uses.get(&v).copied() != Some(1) {
+                    break false;
+                }
+                match defs.get(&v) {
+                    Some(Op::Load { .. }) => break true,
+                    Some(Op::Cast(a)) | Some(Op::Unary(crate::ir::UnaryOp::Neg, a))
+                        if self.shape(*a) == sshape =>
+                    {
+                        v = *a;
+                        chain.push(v);
+                    }
+                    _ => break false,
+                }
+            };
+            if reaches_load {
+                for v in chain {
+                    self.wanted.insert(v, Layout::Linear(target.clone()));
+                }
+            }
+        }
     }
 
     fn shape(&self, v: ValueId) -> Vec<u32> {
@@ -306,10 +368,13 @@ impl Assigner<'_> {
                 }
                 self.default_layout(&rshape)
             }
-            Op::Arange { .. }
-            | Op::Load { .. }
-            | Op::ClusterGather { .. }
-            | Op::ScratchLoad { .. } => self.default_layout(&rshape),
+            Op::Load { .. } => match res.and_then(|r| self.wanted.get(&r)) {
+                Some(l) => l.clone(),
+                None => self.default_layout(&rshape),
+            },
+            Op::Arange { .. } | Op::ClusterGather { .. } | Op::ScratchLoad { .. } => {
+                self.default_layout(&rshape)
+            }
             Op::Unary(_, a) | Op::Cast(a) => self.follow(&[*a], &rshape),
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => self.follow(&[*a, *b], &rshape),
             Op::Select(c, a, b) => self.follow(&[*a, *b, *c], &rshape),
@@ -522,4 +587,39 @@ pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<cra
     }
     let at = w.at.get(best_at.saturating_sub(1)).copied();
     (best.max(0) as u32, at)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Arch, CompileOptions, SourceFile};
+
+    /// A `[1, 64]` f32 table row scaling a loop-carried `[16, 64]` bf16 tile (whose
+    /// anchor holds 8 elements per thread; the f32 row alone would get 4): the load takes
+    /// the broadcast's layout, so no shared-memory conversion (no barrier) remains.
+    #[test]
+    fn loads_feeding_a_broadcast_take_its_layout() {
+        let src = r#"
+kernel k(x: tensor<bf16, [_, 64], contiguous>, t: tensor<f32, [_, 64], contiguous>, y: tensor<bf16, [_, 64], contiguous>) {
+    let b = bid(0);
+    let mut xn = load(x, [b, 0], [16, 64]);
+    for j in 0..4 {
+        let xt = xn as f32;
+        xn = load(x, [b + j + 1, 0], [16, 64]);
+        let c = -(load(t, [j, 0], [1, 64]) as f32);
+        store(y, [b + j, 0], (xt * c) as bf16);
+    }
+}
+"#;
+        let file = SourceFile::new("k.kg", src);
+        let mut opts = CompileOptions::new(Arch::Sm90a);
+        opts.num_warps = Some(4);
+        let ptx = crate::compile(&file, &opts)
+            .unwrap_or_else(|d| panic!("{}", d.render(&file)))
+            .ptx;
+        assert!(!ptx.contains("bar.sync"), "{ptx}");
+        assert!(!ptx.contains("st.shared"), "{ptx}");
+        // The table row is still read with 16-byte vectors (two per thread).
+        assert!(ptx.contains("ld.global.v4.b32"), "{ptx}");
+        crate::back::ptx::tests::assemble(&ptx, "sm_90a", "broadcast_source");
+    }
 }
