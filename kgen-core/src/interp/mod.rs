@@ -344,6 +344,36 @@ impl Machine<'_> {
         Ok((d, s.to_vec()))
     }
 
+    /// Starts a fetch into `slot` of `buf` (`what`: the instruction): its data is read now
+    /// by `read(self, dtype, slot shape)` and lands in the slot when a wait completes the
+    /// fetch (until then the slot may not be read or written). A slot out of range reads
+    /// nothing but still counts as a fetch.
+    fn start_fetch(
+        &mut self,
+        buf: u32,
+        slot: ValueId,
+        what: &str,
+        read: impl FnOnce(&Self, DType, &[u32]) -> Result<Data, InterpError>,
+    ) -> Result<(), InterpError> {
+        let k = self.scratch_slot(buf, slot)?;
+        let b = self
+            .func
+            .scratch
+            .get(buf as usize)
+            .ok_or_else(|| bad("no such scratch buffer"))?;
+        let (d, s) = (b.dtype, b.slot_shape.clone());
+        let fetch = match k {
+            Some(k) => {
+                self.check_no_fetch_in_flight(buf, k, what)?;
+                let data = read(self, d, &s)?;
+                Some((buf, k, Rc::new(Val::new(d, s, data)?)))
+            }
+            None => None,
+        };
+        self.fetches.push_back(fetch);
+        Ok(())
+    }
+
     /// An error if slot `k` of `buf` has a fetch in flight (`what`: the access).
     fn check_no_fetch_in_flight(&self, buf: u32, k: usize, what: &str) -> Result<(), InterpError> {
         if self
@@ -694,31 +724,16 @@ impl Machine<'_> {
                 padding,
                 ..
             } => {
-                // The tile is read now; it lands in the slot when a wait completes the
-                // fetch (until then the slot may not be read or written).
-                let k = self.scratch_slot(*buf, *slot)?;
-                let b = self
-                    .func
-                    .scratch
-                    .get(*buf as usize)
-                    .ok_or_else(|| bad("no such scratch buffer"))?;
-                let (d, s) = (b.dtype, b.slot_shape.clone());
-                let fetch = match k {
-                    Some(k) => {
-                        self.check_no_fetch_in_flight(*buf, k, "scratch_fetch")?;
-                        let base = self.tile_base(index, &s)?;
-                        let data = self.with_tensor(*tensor, |t| {
-                            if t.dtype != d {
-                                return Err(bad(format!("fetch of {d} from a {} tensor", t.dtype)));
-                            }
-                            let offs = memory::tile_offsets(t, &base, &s)?;
-                            memory::read(t, &offs, &scalar_data(d, *padding, 1))
-                        })?;
-                        Some((*buf, k, Rc::new(Val::new(d, s, data)?)))
-                    }
-                    None => None,
-                };
-                self.fetches.push_back(fetch);
+                self.start_fetch(*buf, *slot, "scratch_fetch", |me, d, s| {
+                    let base = me.tile_base(index, s)?;
+                    me.with_tensor(*tensor, |t| {
+                        if t.dtype != d {
+                            return Err(bad(format!("fetch of {d} from a {} tensor", t.dtype)));
+                        }
+                        let offs = memory::tile_offsets(t, &base, s)?;
+                        memory::read(t, &offs, &scalar_data(d, *padding, 1))
+                    })
+                })?;
                 return Ok(None);
             }
             Op::ScratchGather {
@@ -730,35 +745,17 @@ impl Machine<'_> {
                 other,
                 ..
             } => {
-                // Like `ScratchFetch`: the elements are read now and land in the slot
-                // when a wait completes the fetch.
-                let k = self.scratch_slot(*buf, *slot)?;
-                let b = self
-                    .func
-                    .scratch
-                    .get(*buf as usize)
-                    .ok_or_else(|| bad("no such scratch buffer"))?;
-                let (d, s) = (b.dtype, b.slot_shape.clone());
-                let fetch = match k {
-                    Some(k) => {
-                        self.check_no_fetch_in_flight(*buf, k, "scratch_gather")?;
-                        let (coords, mask) = self.coords(offsets, *mask)?;
-                        let refs: Vec<&Val> = coords.iter().map(|c| &**c).collect();
-                        let data = self.with_tensor(*tensor, |t| {
-                            if t.dtype != d {
-                                return Err(bad(format!(
-                                    "gather of {d} from a {} tensor",
-                                    t.dtype
-                                )));
-                            }
-                            let offs = memory::coord_offsets(t, &refs, mask.as_deref(), &s)?;
-                            memory::read(t, &offs, &scalar_data(d, *other, 1))
-                        })?;
-                        Some((*buf, k, Rc::new(Val::new(d, s, data)?)))
-                    }
-                    None => None,
-                };
-                self.fetches.push_back(fetch);
+                self.start_fetch(*buf, *slot, "scratch_gather", |me, d, s| {
+                    let (coords, mask) = me.coords(offsets, *mask)?;
+                    let refs: Vec<&Val> = coords.iter().map(|c| &**c).collect();
+                    me.with_tensor(*tensor, |t| {
+                        if t.dtype != d {
+                            return Err(bad(format!("gather of {d} from a {} tensor", t.dtype)));
+                        }
+                        let offs = memory::coord_offsets(t, &refs, mask.as_deref(), s)?;
+                        memory::read(t, &offs, &scalar_data(d, *other, 1))
+                    })
+                })?;
                 return Ok(None);
             }
             Op::ScratchWait { pending } => {

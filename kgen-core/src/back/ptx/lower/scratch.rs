@@ -204,6 +204,36 @@ impl Lowerer<'_> {
         }
     }
 
+    /// What every fetch needs first: `cp.async` on the target, the buffer's dtype (not
+    /// `bool`) and slot shape, and this thread's address of `slot` with its range check.
+    #[allow(clippy::type_complexity)]
+    fn fetch_slot(
+        &mut self,
+        what: &str,
+        buf: u32,
+        slot: crate::ir::ValueId,
+        span: Span,
+    ) -> R<(DType, Vec<u32>, Reg, Reg, ScratchPlacement)> {
+        if !self.target.caps.cp_async {
+            return Err(unsupported(
+                span,
+                format!("{what} needs cp.async (sm_80 or newer)"),
+            ));
+        }
+        let b = self
+            .func
+            .scratch
+            .get(buf as usize)
+            .ok_or_else(|| unsupported(span, "no such scratch buffer"))?;
+        let (dt, shape) = (b.dtype, b.slot_shape.clone());
+        if dt == DType::Bool || shape.is_empty() {
+            return Err(unsupported(span, "scratch buffers of bool"));
+        }
+        let slot_reg = self.scalar(slot, span)?;
+        let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
+        Ok((dt, shape, addr, in_range, p))
+    }
+
     /// `scratch_fetch(buf, slot, tensor, index, pad)`: one `cp.async` per vector of the
     /// tile (`.cg` for 16 bytes, `.ca` for 4 or 8), straight into the thread's own
     /// chunks of the slot, so no register holds the data and nothing waits here; a
@@ -228,22 +258,7 @@ impl Lowerer<'_> {
         else {
             return Ok(());
         };
-        if !self.target.caps.cp_async {
-            return Err(unsupported(
-                span,
-                "scratch_fetch needs cp.async (sm_80 or newer)",
-            ));
-        }
-        let b = func
-            .scratch
-            .get(buf as usize)
-            .ok_or_else(|| unsupported(span, "no such scratch buffer"))?;
-        let (dt, shape) = (b.dtype, b.slot_shape.clone());
-        if dt == DType::Bool {
-            return Err(unsupported(span, "scratch buffers of bool"));
-        }
-        let slot_reg = self.scalar(slot, span)?;
-        let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
+        let (dt, shape, addr, in_range, p) = self.fetch_slot("scratch_fetch", buf, slot, span)?;
         let (t, tp) = self.tensor(tensor, span)?;
         let plan = self.tile_access(&t, &tp, &p.layout, &shape, index, false, span)?;
         if !copies_by_cp_async(&plan, &p, dt) {
@@ -391,22 +406,7 @@ impl Lowerer<'_> {
         else {
             return Ok(());
         };
-        if !self.target.caps.cp_async {
-            return Err(unsupported(
-                span,
-                "scratch_gather needs cp.async (sm_80 or newer)",
-            ));
-        }
-        let b = func
-            .scratch
-            .get(buf as usize)
-            .ok_or_else(|| unsupported(span, "no such scratch buffer"))?;
-        let (dt, shape) = (b.dtype, b.slot_shape.clone());
-        if dt == DType::Bool || shape.is_empty() {
-            return Err(unsupported(span, "scratch buffers of bool"));
-        }
-        let slot_reg = self.scalar(slot, span)?;
-        let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
+        let (dt, shape, addr, in_range, p) = self.fetch_slot("scratch_gather", buf, slot, span)?;
         let (t, tp) = self.tensor(tensor, span)?;
         let lin = p.layout.clone();
         let mut offs = Vec::with_capacity(offsets.len());
