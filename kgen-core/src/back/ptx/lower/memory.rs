@@ -827,20 +827,7 @@ impl Lowerer<'_> {
             let c = lin.reg_coord(r);
             let padded_out = (0..shape.len()).any(|d| ths[d].is_none() && c[d] >= shape[d]);
             let (mut preds, elem) = self.element_offset(&t, &offs, r, &mut coords, span)?;
-            for d in 0..shape.len() {
-                if let (false, Some(x)) = (shape[d].is_power_of_two(), ths[d]) {
-                    let l = self.op1(
-                        RegClass::B32,
-                        "add.s32",
-                        vec![x.into(), Operand::Imm(c[d] as i64)],
-                    );
-                    preds.push(self.op1(
-                        RegClass::Pred,
-                        "setp.lt.u32",
-                        vec![l.into(), Operand::Imm(shape[d] as i64)],
-                    ));
-                }
-            }
+            preds.extend(self.within_extent(&shape, &ths, &c));
             if let Some(m) = &mask_regs {
                 preds.push(m[r]);
             }
@@ -967,6 +954,34 @@ impl Lowerer<'_> {
         }
         let elem = elem.ok_or_else(|| unsupported(span, "no offsets"))?;
         Ok((preds, elem))
+    }
+
+    /// For the element at tile coordinate `thread part + c` (`ths`: the thread parts),
+    /// "inside the tile" predicates for the dims whose extent is not a power of two and
+    /// that threads hold (their padded slots; register-only dims are decided at compile
+    /// time by the caller).
+    pub(super) fn within_extent(
+        &mut self,
+        shape: &[u32],
+        ths: &[Option<Reg>],
+        c: &[u32],
+    ) -> Vec<Reg> {
+        let mut preds = Vec::new();
+        for d in 0..shape.len() {
+            if let (false, Some(x)) = (shape[d].is_power_of_two(), ths[d]) {
+                let l = self.op1(
+                    RegClass::B32,
+                    "add.s32",
+                    vec![x.into(), Operand::Imm(c[d] as i64)],
+                );
+                preds.push(self.op1(
+                    RegClass::Pred,
+                    "setp.lt.u32",
+                    vec![l.into(), Operand::Imm(shape[d] as i64)],
+                ));
+            }
+        }
+        preds
     }
 
     /// The address of element offset `elem` of a tensor of `dt` at `base`.

@@ -89,20 +89,7 @@ impl Lowerer<'_> {
                 self.element_offset(&a.tensor, &a.offsets, r, &mut coords, span)?;
             // Padded slots of non-power-of-two extents held by threads: the run's first
             // element decides (a run never straddles the extent: `vec` divides it).
-            for d in 0..rank {
-                if let (false, Some(x)) = (a.shape[d].is_power_of_two(), ths[d]) {
-                    let l = self.op1(
-                        RegClass::B32,
-                        "add.s32",
-                        vec![x.into(), Operand::Imm(c[d] as i64)],
-                    );
-                    preds.push(self.op1(
-                        RegClass::Pred,
-                        "setp.lt.u32",
-                        vec![l.into(), Operand::Imm(a.shape[d] as i64)],
-                    ));
-                }
-            }
+            preds.extend(self.within_extent(&a.shape, &ths, &c));
             preds.extend(replica);
             if let (true, Some(m)) = (with_mask, &a.mask) {
                 preds.push(m[r]);
