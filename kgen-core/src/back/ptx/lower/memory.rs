@@ -672,25 +672,38 @@ impl Lowerer<'_> {
         for g in &plan.groups {
             let elems: Vec<Reg> = g.regs.iter().map(|&r| regs[r]).collect();
             let (words, ty) = self.pack(dt, &elems);
-            let v = match words.len() {
-                2 => ".v2",
-                4 => ".v4",
-                _ => "",
-            };
-            let src = if words.len() == 1 {
-                Operand::Reg(words[0])
-            } else {
-                Operand::Vec(words)
-            };
-            let mut operands = vec![Operand::Mem(Addr::Reg(g.addr), g.imm), src];
-            let hint = cache_hint(policy, &mut operands);
-            self.emit_if(
-                g.pred.map(|p| (p, false)),
-                format!("st.global{hint}{v}.{ty}"),
-                operands,
-            );
+            self.store_words(g.addr, g.imm, &words, ty, g.pred, policy);
         }
         Ok(())
+    }
+
+    /// `st.global` of `words` (one, or a `.v2` / `.v4` vector) at `addr + imm`.
+    pub(super) fn store_words(
+        &mut self,
+        addr: Reg,
+        imm: i64,
+        words: &[Reg],
+        ty: &str,
+        pred: Option<Reg>,
+        policy: Option<Reg>,
+    ) {
+        let v = match words.len() {
+            2 => ".v2",
+            4 => ".v4",
+            _ => "",
+        };
+        let src = if words.len() == 1 {
+            Operand::Reg(words[0])
+        } else {
+            Operand::Vec(words.to_vec())
+        };
+        let mut operands = vec![Operand::Mem(Addr::Reg(addr), imm), src];
+        let hint = cache_hint(policy, &mut operands);
+        self.emit_if(
+            pred.map(|p| (p, false)),
+            format!("st.global{hint}{v}.{ty}"),
+            operands,
+        );
     }
 
     /// `gather`, `scatter` and `atomic_add`: one predicated access per element.

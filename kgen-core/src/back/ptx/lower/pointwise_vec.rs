@@ -19,7 +19,7 @@
 
 use super::memory::{CoordinateCache, DeferredLoad, VectorAccess};
 use super::{unsupported, Lowerer, TensorRegs, R};
-use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
+use crate::back::ptx::isa::{Operand, Reg, RegClass};
 use crate::back::ptx::layout::Linear;
 use crate::ir::InstId;
 use crate::types::{DType, Scalar};
@@ -203,35 +203,6 @@ impl Lowerer<'_> {
             }
         }
         Ok(())
-    }
-
-    /// `st.global` of `words` (one, or a `.v2` / `.v4` vector) at `addr + imm`.
-    fn store_words(
-        &mut self,
-        addr: Reg,
-        imm: i64,
-        words: &[Reg],
-        ty: &str,
-        pred: Option<Reg>,
-        policy: Option<Reg>,
-    ) {
-        let v = match words.len() {
-            2 => ".v2",
-            4 => ".v4",
-            _ => "",
-        };
-        let src = if words.len() == 1 {
-            Operand::Reg(words[0])
-        } else {
-            Operand::Vec(words.to_vec())
-        };
-        let mut operands = vec![Operand::Mem(Addr::Reg(addr), imm), src];
-        let hint = super::memory::cache_hint(policy, &mut operands);
-        self.emit_if(
-            pred.map(|p| (p, false)),
-            format!("st.global{hint}{v}.{ty}"),
-            operands,
-        );
     }
 
     /// The element registers in memory format of packed `words`: 16-bit elements are

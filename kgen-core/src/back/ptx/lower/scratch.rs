@@ -266,17 +266,7 @@ impl Lowerer<'_> {
             // the fetch must be complete (see `PendingFetch`).
             let load =
                 self.issue_tile_load(tensor, index, &p.layout, &shape, padding, eviction, span)?;
-            let seq = self.count_fetch();
-            if let Some(scope) = self.fetch_scopes.last_mut() {
-                scope.pending.push(PendingFetch {
-                    seq,
-                    load,
-                    dt,
-                    addr,
-                    in_range,
-                    placement: p,
-                });
-            }
+            self.defer_fetch_stores(load, dt, addr, in_range, p);
             self.emit("cp.async.commit_group", vec![]);
             return Ok(());
         }
@@ -459,17 +449,7 @@ impl Lowerer<'_> {
             self.count_fetch();
         } else {
             let load = self.issue_run_loads(&access, &runs);
-            let seq = self.count_fetch();
-            if let Some(scope) = self.fetch_scopes.last_mut() {
-                scope.pending.push(PendingFetch {
-                    seq,
-                    load,
-                    dt,
-                    addr,
-                    in_range,
-                    placement: p,
-                });
-            }
+            self.defer_fetch_stores(load, dt, addr, in_range, p);
         }
         self.emit("cp.async.commit_group", vec![]);
         Ok(())
@@ -495,6 +475,29 @@ impl Lowerer<'_> {
         self.flush_fetches(span, |f| count.saturating_sub(f.seq) >= pending as u64)?;
         self.emit("cp.async.wait_group", vec![Operand::Imm(pending as i64)]);
         Ok(())
+    }
+
+    /// A fetch whose loads are issued (`load`) but not copied by `cp.async`: counts it
+    /// and queues its slot stores until the fetch must be complete (`PendingFetch`).
+    fn defer_fetch_stores(
+        &mut self,
+        load: super::memory::DeferredLoad,
+        dt: DType,
+        addr: Reg,
+        in_range: Reg,
+        placement: ScratchPlacement,
+    ) {
+        let seq = self.count_fetch();
+        if let Some(scope) = self.fetch_scopes.last_mut() {
+            scope.pending.push(PendingFetch {
+                seq,
+                load,
+                dt,
+                addr,
+                in_range,
+                placement,
+            });
+        }
     }
 
     /// Counts one fetch in the current block; returns the count.
