@@ -810,11 +810,8 @@ impl Lowerer<'_> {
         let ths: Vec<Option<Reg>> = (0..shape.len())
             .map(|d| self.thread_coord(&lin, d))
             .collect();
-        if !atomic && !shape.is_empty() {
-            let want = self.asg.axis.pointwise_vector(&p, offsets, &shape);
-            let vec = want.min(lin.contiguity(shape.len() - 1) as u64) as u32;
-            let mask_uniform =
-                mask.is_none_or(|m| self.asg.axis.in_access(m, &shape).constancy >= vec as u64);
+        if !atomic {
+            let (vec, mask_uniform) = self.run_width(&p, offsets, mask, &shape, &lin, 16);
             // A gather whose mask varies inside a vector stays element by element; a
             // scatter splits such vectors into element stores (`lower_pointwise_vectors`).
             if vec >= 2 && (value.is_some() || mask_uniform) {

@@ -55,6 +55,31 @@ pub(super) struct Run {
 }
 
 impl Lowerer<'_> {
+    /// The run width of an offset access of tensor `p` at `offsets` (mask `mask`) over
+    /// the `shape` tile in layout `lin`, at most `cap` elements: what the axis facts and
+    /// the layout's per-thread contiguity allow; and whether the mask is constant over
+    /// runs of that width.
+    pub(super) fn run_width(
+        &self,
+        p: &crate::ir::TensorParam,
+        offsets: &[crate::ir::ValueId],
+        mask: Option<crate::ir::ValueId>,
+        shape: &[u32],
+        lin: &Linear,
+        cap: u64,
+    ) -> (u32, bool) {
+        let Some(last) = shape.len().checked_sub(1) else {
+            return (1, true);
+        };
+        let facts = &self.asg.axis;
+        let vec = facts
+            .pointwise_vector(p, offsets, shape)
+            .min(lin.contiguity(last) as u64)
+            .min(cap) as u32;
+        let uniform = mask.is_none_or(|m| facts.in_access(m, shape).constancy >= vec as u64);
+        (vec.max(1), uniform)
+    }
+
     /// The runs of `a.vec` elements of access `a` (`a.vec` may be 1: every element its
     /// own run). With `with_mask`, each run's predicate includes its first element's
     /// mask, which is right where the mask is constant over runs (or runs are single

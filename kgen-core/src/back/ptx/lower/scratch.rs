@@ -407,12 +407,9 @@ impl Lowerer<'_> {
             Some(m) => Some(self.operand_in(m, &lin, span)?),
             None => None,
         };
-        let facts = &self.asg.axis;
-        let want = facts.pointwise_vector(&tp, offsets, &shape);
-        let mut vec = want
-            .min(lin.contiguity(shape.len() - 1) as u64)
-            .min(p.chunk as u64) as u32;
-        if mask.is_some_and(|m| facts.in_access(m, &shape).constancy < vec as u64) {
+        let (mut vec, mask_uniform) =
+            self.run_width(&tp, offsets, mask, &shape, &lin, p.chunk as u64);
+        if !mask_uniform {
             vec = 1;
         }
         let policy = self.cache_policy(eviction);
