@@ -607,3 +607,169 @@ fn gpu_cluster_kernel_matches_the_interpreter() {
         Err(RuntimeError::LaunchConfig(_))
     ));
 }
+
+/// A measurement, not a test: the driver's host cost of one bare `cuLaunchKernel` of the
+/// same kernel on different kinds of stream, and with the parameters passed as one
+/// buffer (`CU_LAUNCH_PARAM_BUFFER_POINTER`) instead of an array of pointers. Run on a
+/// GPU with `--ignored --nocapture gpu_launch_stream_kinds`.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture on a GPU"]
+fn gpu_launch_stream_kinds() {
+    use cudarc::driver::sys;
+    let Some(d) = gpu_or_skip("gpu_launch_stream_kinds") else {
+        return;
+    };
+    let n = 4096;
+    let x = d.from_f64(DType::F32, &[n], &vals(n, 1)).unwrap();
+    let y = d.from_f64(DType::F32, &[n], &vals(n, 2)).unwrap();
+    let out = d.empty(DType::F32, &[n]).unwrap();
+    let k = axpy_kernel(&d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
+    let args = [Arg::from(1.0f32), (&x).into(), (&y).into(), (&out).into()];
+    let grid = grid_1d(n, 256).unwrap();
+    let crate::kernel::Exec::Cuda(loaded) = &k.exec else {
+        unreachable!("a GPU device loads CUDA kernels")
+    };
+    let func = loaded.func.cu_function();
+    let mut values = vec![0u64; k.compiled().abi.params.len()];
+    crate::launch::pack_into(&k, &args, &mut values).unwrap();
+    let mut ptrs: Vec<*mut std::ffi::c_void> = values
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+        .collect();
+    // The same values laid out as the kernel's parameter buffer (natural alignment).
+    let mut buf: Vec<u8> = Vec::new();
+    for (p, v) in k.compiled().abi.params.iter().zip(&values) {
+        let size = p.size as usize;
+        while !buf.len().is_multiple_of(size) {
+            buf.push(0);
+        }
+        buf.extend_from_slice(&v.to_le_bytes()[..size]);
+    }
+    let mut buf_size = buf.len();
+    let threads = k.compiled().launch.threads_per_block;
+    let ctx = d.gpu().unwrap().context().clone();
+    ctx.bind_to_thread().unwrap();
+    let created = |flags: u32| {
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        unsafe { sys::cuStreamCreate(&mut s, flags).result().unwrap() };
+        s
+    };
+    let kinds: Vec<(&str, sys::CUstream)> = vec![
+        ("legacy NULL stream (kgen's default)", std::ptr::null_mut()),
+        ("per-thread default stream", 0x2 as sys::CUstream),
+        ("created, blocking", created(0)),
+        ("created, non-blocking", created(1)),
+    ];
+    // The filler: ~20 bandwidth-bound kernels over 3 x 128 MiB on each stream's queue.
+    let big = 32 << 20;
+    let bx = d.zeros(DType::F32, &[big]).unwrap();
+    let by = d.zeros(DType::F32, &[big]).unwrap();
+    let bo = d.empty(DType::F32, &[big]).unwrap();
+    let kb = axpy_kernel(&d, DType::F32, &[("x", &bx), ("y", &by), ("out", &bo)]);
+    let crate::kernel::Exec::Cuda(bl) = &kb.exec else {
+        unreachable!()
+    };
+    let bfunc = bl.func.cu_function();
+    let bargs = [Arg::from(1.0f32), (&bx).into(), (&by).into(), (&bo).into()];
+    let mut bvalues = vec![0u64; kb.compiled().abi.params.len()];
+    crate::launch::pack_into(&kb, &bargs, &mut bvalues).unwrap();
+    let mut bptrs: Vec<*mut std::ffi::c_void> = bvalues
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+        .collect();
+    let bgrid = grid_1d(big, 256).unwrap();
+    let per_round = 400;
+    let launch = |stream: sys::CUstream,
+                  f: sys::CUfunction,
+                  g: [u32; 3],
+                  p: *mut *mut std::ffi::c_void,
+                  extra: *mut *mut std::ffi::c_void| unsafe {
+        sys::cuLaunchKernel(f, g[0], 1, 1, threads, 1, 1, 0, stream, p, extra).result()
+    };
+    let mut results: Vec<(String, Vec<f64>)> = Vec::new();
+    for round in 0..9 {
+        for (i, (name, stream)) in kinds.iter().enumerate() {
+            for use_buffer in [false, true] {
+                if use_buffer && i != 0 && i != 3 {
+                    continue;
+                }
+                unsafe { sys::cuCtxSynchronize().result().unwrap() };
+                for _ in 0..20 {
+                    launch(
+                        *stream,
+                        bfunc,
+                        bgrid,
+                        bptrs.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                    .unwrap();
+                }
+                let mut extra: [*mut std::ffi::c_void; 5] = [
+                    // CU_LAUNCH_PARAM_BUFFER_POINTER and CU_LAUNCH_PARAM_BUFFER_SIZE.
+                    std::ptr::without_provenance_mut(1),
+                    buf.as_mut_ptr() as *mut _,
+                    std::ptr::without_provenance_mut(2),
+                    &mut buf_size as *mut usize as *mut _,
+                    std::ptr::null_mut(),
+                ];
+                let t = std::time::Instant::now();
+                let mut failed = None;
+                for _ in 0..per_round {
+                    let r = if use_buffer {
+                        launch(
+                            *stream,
+                            func,
+                            grid,
+                            std::ptr::null_mut(),
+                            extra.as_mut_ptr(),
+                        )
+                    } else {
+                        launch(*stream, func, grid, ptrs.as_mut_ptr(), std::ptr::null_mut())
+                    };
+                    if let Err(e) = r {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                if let Some(e) = failed {
+                    if round == 0 {
+                        eprintln!("  {name} (buffer: {use_buffer}): launch failed: {e:?}");
+                    }
+                    unsafe { sys::cuCtxSynchronize().result().unwrap() };
+                    continue;
+                }
+                let us = t.elapsed().as_secs_f64() * 1e6 / per_round as f64;
+                unsafe { sys::cuCtxSynchronize().result().unwrap() };
+                let label = format!(
+                    "{name}{}",
+                    if use_buffer {
+                        ", one parameter buffer"
+                    } else {
+                        ""
+                    }
+                );
+                if round == 0 {
+                    results.push((label, vec![us]));
+                } else if let Some(r) = results.iter_mut().find(|r| r.0 == label) {
+                    r.1.push(us);
+                }
+            }
+        }
+    }
+    // The output is checked, so the measured launches did run.
+    let got = out.to_f64_vec().unwrap();
+    assert!(got.iter().all(|v| v.is_finite()));
+    eprintln!(
+        "bare cuLaunchKernel host cost, axpy ({} PTX params), median of 9 rounds of {per_round}:",
+        values.len()
+    );
+    for (label, mut v) in results {
+        v.sort_by(f64::total_cmp);
+        eprintln!(
+            "  {label}: {:.2} us (min {:.2}, max {:.2})",
+            v[v.len() / 2],
+            v[0],
+            v[v.len() - 1]
+        );
+    }
+}

@@ -812,6 +812,10 @@ impl CeSpec {
                     ("T", dtype.to_string()),
                     ("I", index.to_string()),
                     ("BLOCK", self.block.to_string()),
+                    (
+                        "VEC",
+                        crate::ops::loss::ce_vec(dtype, self.block).to_string(),
+                    ),
                 ];
                 if let Some((c, p)) = self.cluster {
                     d.push(("PARTS", p.to_string()));

@@ -86,6 +86,15 @@ fn warp_candidates(elems: usize) -> Vec<u32> {
     v
 }
 
+/// The cross-entropy kernels' VEC: the logits of one thread's 16-byte vector, the rows
+/// of their per-vector online logsumexp (any divisor of BLOCK is correct; a thread's
+/// whole vector makes the row's max and sum thread-local): the largest power of two
+/// that divides BLOCK and is at most 16 / sizeof(T).
+pub fn ce_vec(t: DType, block: usize) -> usize {
+    let per_vector = 16 / t.size_bytes() as usize;
+    1 << block.trailing_zeros().min(per_vector.trailing_zeros())
+}
+
 /// Rows longer than this take the cluster kernel where there are clusters.
 const CE_CLUSTER_MIN_VOCAB: usize = 8192;
 /// (BLOCK, warps, CLUSTER, DEPTH) candidates of the cluster kernel (each block fetches
@@ -597,9 +606,15 @@ impl Ops {
                 ];
                 let clustered = c.cluster > 1;
                 let cached = c.slots > 0;
+                defines.push(("VEC", ce_vec(t, c.block).to_string()));
                 if clustered {
                     defines.push(("PARTS", c.parts.to_string()));
                     defines.push(("CLUSTER", c.cluster.to_string()));
+                }
+                if c.window {
+                    // Tiles of the longest window (two partial vectors at the ends): when
+                    // SLOTS covers them, the re-read branch is not compiled.
+                    defines.push(("MAXTILES", (vocab + 14).div_ceil(c.block).to_string()));
                 }
                 if cached {
                     defines.push(("SLOTS", c.slots.to_string()));

@@ -228,6 +228,17 @@ fn transcendental(a: &[f32], f: impl Fn(f64) -> f64) -> Vec<f32> {
     a.iter().map(|&x| f(x as f64) as f32).collect()
 }
 
+/// Results below 2^-126 in magnitude become 0 (keeping the sign), as the GPU's `.ftz`
+/// transcendentals give them.
+fn flush_subnormal(mut v: Vec<f32>) -> Vec<f32> {
+    for x in &mut v {
+        if x.is_subnormal() {
+            *x = 0.0f32.copysign(*x);
+        }
+    }
+    v
+}
+
 fn un_int<T: IntElem>(op: UnaryOp, a: &[T]) -> Result<Vec<T>, InterpError> {
     Ok(match op {
         UnaryOp::Neg => a.iter().map(|&x| x.neg()).collect(),
@@ -253,13 +264,16 @@ pub(crate) fn unary(op: UnaryOp, a: &Val) -> Result<Val, InterpError> {
                 UnaryOp::Floor => x.iter().map(|&v| v.floor()).collect(),
                 UnaryOp::Ceil => x.iter().map(|&v| v.ceil()).collect(),
                 UnaryOp::Sqrt => x.iter().map(|&v| v.sqrt()).collect(),
-                UnaryOp::Exp => transcendental(x, f64::exp),
-                UnaryOp::Exp2 => transcendental(x, f64::exp2),
+                // The GPU's `ex2.approx.ftz`: results below 2^-126 are 0.
+                UnaryOp::Exp => flush_subnormal(transcendental(x, f64::exp)),
+                UnaryOp::Exp2 => flush_subnormal(transcendental(x, f64::exp2)),
                 UnaryOp::Log => transcendental(x, f64::ln),
                 UnaryOp::Log2 => transcendental(x, f64::log2),
                 UnaryOp::Rsqrt => transcendental(x, |v| 1.0 / v.sqrt()),
                 UnaryOp::Tanh => transcendental(x, f64::tanh),
-                UnaryOp::Sigmoid => transcendental(x, |v| 1.0 / (1.0 + (-v).exp())),
+                UnaryOp::Sigmoid => {
+                    flush_subnormal(transcendental(x, |v| 1.0 / (1.0 + (-v).exp())))
+                }
                 UnaryOp::Sin => transcendental(x, f64::sin),
                 UnaryOp::Cos => transcendental(x, f64::cos),
                 UnaryOp::Not => return Err(bad("not on floats".into())),

@@ -721,6 +721,34 @@ fn transcendentals_match_f64() {
 }
 
 #[test]
+fn exponentials_flush_subnormal_results_to_zero() {
+    // As the GPU's `ex2.approx.ftz`: results below 2^-126 are 0; normal ones are kept.
+    let xs = [-100.0, -87.0, -0.0, 1.0];
+    let exp = map1(DType::F32, DType::F32, 4, |k, b, x| {
+        k.un(b, UnaryOp::Exp, x)
+    });
+    let out = run_map1(&exp, DType::F32, DType::F32, 4, &xs);
+    assert_eq!(out[0], 0.0, "exp(-100) is subnormal in f32");
+    assert!(
+        out[1] > 0.0 && (out[1] as f32).is_normal(),
+        "exp(-87) = {}",
+        out[1]
+    );
+    assert_eq!(out[2], 1.0);
+    let exp2 = map1(DType::F32, DType::F32, 3, |k, b, x| {
+        k.un(b, UnaryOp::Exp2, x)
+    });
+    let out = run_map1(&exp2, DType::F32, DType::F32, 3, &[-127.0, -126.0, -149.0]);
+    assert_eq!(out, vec![0.0, 2f64.powi(-126), 0.0]);
+    let sig = map1(DType::F32, DType::F32, 2, |k, b, x| {
+        k.un(b, UnaryOp::Sigmoid, x)
+    });
+    let out = run_map1(&sig, DType::F32, DType::F32, 2, &[-100.0, -80.0]);
+    assert_eq!(out[0], 0.0);
+    assert!((out[1] as f32).is_normal());
+}
+
+#[test]
 fn fma_rounds_once_and_select() {
     // (1+2^-12)^2 = 1 + 2^-11 + 2^-24: the product alone rounds away 2^-24.
     let a = 1.0 + 2f64.powi(-12);

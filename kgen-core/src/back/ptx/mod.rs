@@ -23,6 +23,8 @@ mod tests;
 #[cfg(test)]
 mod tests_gather;
 #[cfg(test)]
+mod tests_rounding;
+#[cfg(test)]
 mod tests_scratch;
 
 use crate::abi::{

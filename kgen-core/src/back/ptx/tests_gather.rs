@@ -7,7 +7,7 @@ use super::tests::assemble;
 use crate::{Arch, CompileOptions, SourceFile};
 
 /// Compiles `src` for sm_90a (4 warps; `align` overrides per tensor) and assembles it.
-fn ptx_of(src: &str, align: &[(&str, u32)]) -> String {
+pub(super) fn ptx_of(src: &str, align: &[(&str, u32)]) -> String {
     let file = SourceFile::new("gather.kg", src);
     let mut opts = CompileOptions::new(Arch::Sm90a);
     opts.num_warps = Some(4);
@@ -123,9 +123,12 @@ fn aligned_windows_use_16_byte_vectors() {
     assemble(&sm80.ptx, "sm_80", "gather_sm80");
 }
 
+/// A labelled kernel source and the tensor alignments it is compiled with.
+type LabelledSource<'a> = (&'a str, String, Vec<(&'a str, u32)>);
+
 #[test]
 fn unproven_accesses_stay_element_by_element() {
-    let cases: Vec<(&str, String, Vec<(&str, u32)>)> = vec![
+    let cases: Vec<LabelledSource> = vec![
         // The row start itself: 2-byte aligned.
         (
             "unaligned start",

@@ -4,10 +4,12 @@
 //! Assumes: operands have the result's layout after `operand_in`. Guarantees: the
 //! semantics of `ir::UnaryOp` / `BinaryOp` / `Cast`: float `+ - * /` with explicit `.rn`
 //! (never contracted into fma), f16/bf16 computed in f32 and rounded after each
-//! operation, no `.ftz`; transcendentals use the approximate hardware instructions
-//! (`ex2.approx.f32` with a multiply by log2(e), `lg2.approx.f32`, `tanh.approx.f32`,
-//! `rsqrt.approx.f32`, `sin/cos.approx.f32`); `sqrt.rn.f32`; float→int `cvt.rzi`
-//! (saturating, NaN → 0); int→int wraps.
+//! operation, no `.ftz` on arithmetic; transcendentals use the approximate hardware
+//! instructions (`ex2.approx.ftz.f32` with a multiply by log2(e) for `exp`, `exp2` and
+//! `sigmoid`: results below 2^-126 are 0, which saves ptxas's three-instruction subnormal
+//! fix-up around every `ex2`; `lg2.approx.f32`, `tanh.approx.f32`, `rsqrt.approx.f32`,
+//! `sin/cos.approx.f32`); `sqrt.rn.f32`; float→int `cvt.rzi` (saturating, NaN → 0);
+//! int→int wraps.
 
 use super::{class_of, unsupported, Lowerer, R};
 use crate::back::ptx::isa::{Operand, Reg, RegClass};
@@ -121,17 +123,21 @@ impl Lowerer<'_> {
 
     /// Rounds a widened f32 value to f16/bf16 (identity for other dtypes).
     pub fn round_to(&mut self, x: Reg, dt: DType) -> Reg {
-        match dt {
-            DType::F16 => {
-                let h = self.op1(RegClass::B16, "cvt.rn.f16.f32", vec![x.into()]);
-                self.widen_half(h, dt)
-            }
-            DType::BF16 => {
-                let h = self.op1(RegClass::B16, "cvt.rn.bf16.f32", vec![x.into()]);
-                self.widen_half(h, dt)
-            }
+        let opcode = match dt {
+            DType::F16 => "cvt.rn.f16.f32",
+            DType::BF16 => "cvt.rn.bf16.f32",
+            _ => return x,
+        };
+        let h = self.op1(RegClass::B16, opcode, vec![x.into()]);
+        let widened = self.widen_half(h, dt);
+        // When `x` was already rounded to this format, the f32 value it was rounded from
+        // (rounding again changes nothing); from another format, `x` itself.
+        let source = match self.rounded_from.get(&x) {
+            Some(&(s, d)) if d == dt => s,
             _ => x,
-        }
+        };
+        self.rounded_from.insert(widened, (source, dt));
+        widened
     }
 
     fn f(&mut self, opcode: &str, ops: Vec<Operand>) -> Reg {
@@ -166,9 +172,9 @@ impl Lowerer<'_> {
             UnaryOp::Not => return Err(unsupported(span, "`!` on a float")),
             UnaryOp::Exp => {
                 let t = self.f("mul.rn.f32", vec![x, Operand::F32(LOG2_E)]);
-                self.f("ex2.approx.f32", vec![t.into()])
+                self.f("ex2.approx.ftz.f32", vec![t.into()])
             }
-            UnaryOp::Exp2 => self.f("ex2.approx.f32", vec![x]),
+            UnaryOp::Exp2 => self.f("ex2.approx.ftz.f32", vec![x]),
             UnaryOp::Log => {
                 let t = self.f("lg2.approx.f32", vec![x]);
                 self.f("mul.rn.f32", vec![t.into(), Operand::F32(LN_2)])
@@ -179,7 +185,7 @@ impl Lowerer<'_> {
             UnaryOp::Tanh => self.f("tanh.approx.f32", vec![x]),
             UnaryOp::Sigmoid => {
                 let t = self.f("mul.rn.f32", vec![x, Operand::F32(-LOG2_E)]);
-                let e = self.f("ex2.approx.f32", vec![t.into()]);
+                let e = self.f("ex2.approx.ftz.f32", vec![t.into()]);
                 let d = self.f("add.rn.f32", vec![e.into(), Operand::F32(1.0)]);
                 self.f("rcp.approx.ftz.f32", vec![d.into()])
             }

@@ -555,6 +555,15 @@ impl Lowerer<'_> {
             8 => (elems.to_vec(), "b64"),
             4 => (elems.to_vec(), "b32"),
             2 => {
+                // Values rounded to `dt` from f32 are packed from their f32 source (same
+                // bits).
+                let elems: Vec<Reg> = elems
+                    .iter()
+                    .map(|e| match self.rounded_from.get(e) {
+                        Some(&(s, d)) if d == dt => s,
+                        _ => *e,
+                    })
+                    .collect();
                 let one = if dt == DType::BF16 {
                     "cvt.rn.bf16.f32"
                 } else {
