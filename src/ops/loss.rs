@@ -139,14 +139,16 @@ const CE_CLUSTER_SCRATCH_BYTES: usize = 64 * 1024;
 /// with rows * V a multiple of 8), take the window kernel instead of the register
 /// prefetch (`cross_entropy_window`: each row's 16-byte aligned window streamed in by
 /// `scratch_gather`, the same configurations): tuner medians at 8192 x 50257 bf16 on an
-/// H100, 599-638 us against 715-717 for the register prefetch.
+/// H100, 599-638 us against 715-717 for the register prefetch (537-561 us since the
+/// kernels' per-vector logsumexp, sixth session).
 ///
 /// Then, with thread-block clusters (sm_90a) and rows longer than CE_CLUSTER_MIN_VOCAB,
 /// the `cross_entropy_cluster` kernel: a row split over a cluster, each block fetching
 /// its share into a scratch buffer (CE_CLUSTER_CONFIGS), a cluster per row. It is the
 /// one for rows too long for one block's shared memory: 4096 x 128256 measured 821-983
 /// us (1024-wide tiles, 4 warps, clusters of 8 the fastest) against 1063-1100 for the
-/// two-pass kernel; at 50257 / 50304 it measured 839-1651 / 579-1119 us. The tuner
+/// two-pass kernel; at 50257 / 50304 it measured 839-1651 / 579-1119 us. Since the
+/// per-vector logsumexp (sixth session): 752-785 us at 128256 against 1034-1092. The tuner
 /// decides per shape; `kgen bench` keeps such numbers in docs/PERFORMANCE.md.
 fn ce_configs(
     rows: usize,
