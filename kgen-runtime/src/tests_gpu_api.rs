@@ -226,6 +226,50 @@ fn host_us_per_call_ab(
     (median(&mut ta), median(&mut tb))
 }
 
+/// x, y (random, or zeros for large fillers) and an empty out, f32 of `n` elements, with
+/// the axpy kernel specialized for them: the launch-cost measurements' kernel.
+fn axpy_setup(d: &Device, n: usize, random: bool) -> ([Tensor; 3], Arc<Kernel>) {
+    let input = |seed| {
+        if random {
+            d.from_f64(DType::F32, &[n], &vals(n, seed)).unwrap()
+        } else {
+            d.zeros(DType::F32, &[n]).unwrap()
+        }
+    };
+    let (x, y, out) = (input(1), input(2), d.empty(DType::F32, &[n]).unwrap());
+    let k = axpy_kernel(d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
+    ([x, y, out], k)
+}
+
+/// axpy's arguments (`a` = 1) for `t` = [x, y, out].
+fn axpy_args(t: &[Tensor; 3]) -> [Arg<'_>; 4] {
+    [
+        Arg::from(1.0f32),
+        (&t[0]).into(),
+        (&t[1]).into(),
+        (&t[2]).into(),
+    ]
+}
+
+/// `k`'s driver function and `args` packed into its parameter values, for bare
+/// `cuLaunchKernel`s (whose `kernelParams` are [`param_ptrs`] of the values).
+fn packed(k: &Kernel, args: &[Arg]) -> (cudarc::driver::sys::CUfunction, Vec<u64>) {
+    let crate::kernel::Exec::Cuda(loaded) = &k.exec else {
+        unreachable!("a GPU device loads CUDA kernels")
+    };
+    let mut values = vec![0u64; k.compiled().abi.params.len()];
+    crate::launch::pack_into(k, args, &mut values).unwrap();
+    (loaded.func.cu_function(), values)
+}
+
+/// One pointer per packed value.
+fn param_ptrs(values: &mut [u64]) -> Vec<*mut std::ffi::c_void> {
+    values
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+        .collect()
+}
+
 /// A measurement, not a test (performance is measured by `kgen bench`, never asserted in
 /// tests): where the host time of a warm launch goes. Run on a GPU with
 /// `--ignored --nocapture gpu_warm_launch_host_cost`.
@@ -236,20 +280,14 @@ fn gpu_warm_launch_host_cost() {
         return;
     };
     let n = 4096;
-    let x = d.from_f64(DType::F32, &[n], &vals(n, 1)).unwrap();
-    let y = d.from_f64(DType::F32, &[n], &vals(n, 2)).unwrap();
-    let out = d.empty(DType::F32, &[n]).unwrap();
-    let k = axpy_kernel(&d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
+    let (t, k) = axpy_setup(&d, n, true);
     let s = d.stream();
-    let args = [Arg::from(1.0f32), (&x).into(), (&y).into(), (&out).into()];
+    let args = axpy_args(&t);
     let grid = grid_1d(n, 256).unwrap();
     // The GPU-side filler: ~20 bandwidth-bound kernels over 3 x 128 MiB.
     let big = 32 << 20;
-    let bx = d.zeros(DType::F32, &[big]).unwrap();
-    let by = d.zeros(DType::F32, &[big]).unwrap();
-    let bo = d.empty(DType::F32, &[big]).unwrap();
-    let kb = axpy_kernel(&d, DType::F32, &[("x", &bx), ("y", &by), ("out", &bo)]);
-    let bargs = [Arg::from(1.0f32), (&bx).into(), (&by).into(), (&bo).into()];
+    let (bt, kb) = axpy_setup(&d, big, false);
+    let bargs = axpy_args(&bt);
     let bgrid = grid_1d(big, 256).unwrap();
     let busy = || {
         for _ in 0..20 {
@@ -261,16 +299,8 @@ fn gpu_warm_launch_host_cost() {
     }
     let per_round = 400;
     // The same launch as a bare cuLaunchKernel with parameters packed once.
-    let crate::kernel::Exec::Cuda(loaded) = &k.exec else {
-        unreachable!("a GPU device loads CUDA kernels")
-    };
-    let func = loaded.func.cu_function();
-    let mut values = vec![0u64; k.compiled().abi.params.len()];
-    crate::launch::pack_into(&k, &args, &mut values).unwrap();
-    let mut ptrs: Vec<*mut std::ffi::c_void> = values
-        .iter_mut()
-        .map(|v| v as *mut u64 as *mut std::ffi::c_void)
-        .collect();
+    let (func, mut values) = packed(&k, &args);
+    let mut ptrs = param_ptrs(&mut values);
     let threads = k.compiled().launch.threads_per_block;
     let raw_stream = s.raw();
     let (ours, raw) = host_us_per_call_ab(
@@ -620,22 +650,11 @@ fn gpu_launch_stream_kinds() {
         return;
     };
     let n = 4096;
-    let x = d.from_f64(DType::F32, &[n], &vals(n, 1)).unwrap();
-    let y = d.from_f64(DType::F32, &[n], &vals(n, 2)).unwrap();
-    let out = d.empty(DType::F32, &[n]).unwrap();
-    let k = axpy_kernel(&d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
-    let args = [Arg::from(1.0f32), (&x).into(), (&y).into(), (&out).into()];
+    let (t, k) = axpy_setup(&d, n, true);
+    let args = axpy_args(&t);
     let grid = grid_1d(n, 256).unwrap();
-    let crate::kernel::Exec::Cuda(loaded) = &k.exec else {
-        unreachable!("a GPU device loads CUDA kernels")
-    };
-    let func = loaded.func.cu_function();
-    let mut values = vec![0u64; k.compiled().abi.params.len()];
-    crate::launch::pack_into(&k, &args, &mut values).unwrap();
-    let mut ptrs: Vec<*mut std::ffi::c_void> = values
-        .iter_mut()
-        .map(|v| v as *mut u64 as *mut std::ffi::c_void)
-        .collect();
+    let (func, mut values) = packed(&k, &args);
+    let mut ptrs = param_ptrs(&mut values);
     // The same values laid out as the kernel's parameter buffer (natural alignment).
     let mut buf: Vec<u8> = Vec::new();
     for (p, v) in k.compiled().abi.params.iter().zip(&values) {
@@ -662,21 +681,9 @@ fn gpu_launch_stream_kinds() {
     ];
     // The filler: ~20 bandwidth-bound kernels over 3 x 128 MiB on each stream's queue.
     let big = 32 << 20;
-    let bx = d.zeros(DType::F32, &[big]).unwrap();
-    let by = d.zeros(DType::F32, &[big]).unwrap();
-    let bo = d.empty(DType::F32, &[big]).unwrap();
-    let kb = axpy_kernel(&d, DType::F32, &[("x", &bx), ("y", &by), ("out", &bo)]);
-    let crate::kernel::Exec::Cuda(bl) = &kb.exec else {
-        unreachable!()
-    };
-    let bfunc = bl.func.cu_function();
-    let bargs = [Arg::from(1.0f32), (&bx).into(), (&by).into(), (&bo).into()];
-    let mut bvalues = vec![0u64; kb.compiled().abi.params.len()];
-    crate::launch::pack_into(&kb, &bargs, &mut bvalues).unwrap();
-    let mut bptrs: Vec<*mut std::ffi::c_void> = bvalues
-        .iter_mut()
-        .map(|v| v as *mut u64 as *mut std::ffi::c_void)
-        .collect();
+    let (bt, kb) = axpy_setup(&d, big, false);
+    let (bfunc, mut bvalues) = packed(&kb, &axpy_args(&bt));
+    let mut bptrs = param_ptrs(&mut bvalues);
     let bgrid = grid_1d(big, 256).unwrap();
     let per_round = 400;
     let launch = |stream: sys::CUstream,
@@ -757,7 +764,7 @@ fn gpu_launch_stream_kinds() {
         }
     }
     // The output is checked, so the measured launches did run.
-    let got = out.to_f64_vec().unwrap();
+    let got = t[2].to_f64_vec().unwrap();
     assert!(got.iter().all(|v| v.is_finite()));
     eprintln!(
         "bare cuLaunchKernel host cost, axpy ({} PTX params), median of 9 rounds of {per_round}:",

@@ -570,7 +570,10 @@ impl Ops {
         let k = self.kernel(
             "cross_entropy",
             "ce_count",
-            &[("I", idx.to_string()), ("BLOCK", reduce_block(rows).to_string())],
+            &[
+                ("I", idx.to_string()),
+                ("BLOCK", reduce_block(rows).to_string()),
+            ],
             None,
             &[("targets", &tg), ("stats", stats)],
         )?;
