@@ -84,8 +84,11 @@ pub struct Shape(pub Vec<u32>);
 
 /// The largest tile rank the compiler accepts.
 pub const MAX_TILE_RANK: usize = 3;
-/// The largest thread-block cluster `cluster_gather` accepts (the portable limit on sm_90).
-pub const MAX_CLUSTER_SIZE: u32 = 8;
+/// The largest thread-block cluster `cluster_gather` accepts: sm_90's non-portable limit
+/// (the portable one is 8; the runtime opts a kernel with clusters of 16 in).
+pub const MAX_CLUSTER_SIZE: u32 = 16;
+/// The largest cluster every sm_90 part supports without an opt-in.
+pub const MAX_PORTABLE_CLUSTER_SIZE: u32 = 8;
 /// The largest number of elements in one tile.
 pub const MAX_TILE_ELEMENTS: u64 = 1 << 20;
 /// The largest tensor rank the compiler accepts.

@@ -313,6 +313,14 @@ impl Gpu {
             )
             .op("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
         }
+        if launch.cluster_size > kgen_core::types::MAX_PORTABLE_CLUSTER_SIZE {
+            // Clusters of 16 are non-portable on sm_90: the function must opt in.
+            func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1,
+            )
+            .op("cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")?;
+        }
         let max_threads = func.max_threads_per_block().op("cuFuncGetAttribute")?;
         if (launch.threads_per_block as i64) > max_threads as i64 {
             return Err(incompatible(format!(

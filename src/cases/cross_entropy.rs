@@ -127,6 +127,18 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             logit_scale: 15.0,
             ..CeSpec::new(BF16, I64, 5, 4097, 520)
         },
+        // Clusters of 16 (non-portable on sm_90): blocks whose tiles are all padding,
+        // a persistent grid.
+        CeSpec {
+            cluster: Some((16, 1)),
+            ..CeSpec::new(BF16, I64, 6, 3000, 256)
+        },
+        CeSpec {
+            cluster: Some((16, 2)),
+            grid: Some(16 * 3),
+            in_place: true,
+            ..CeSpec::new(F32, I32, 7, 4001, 128)
+        },
         // Scratch-cached rows: the whole row cached, part of it (the rest re-read), odd
         // vocabularies, in place, a grid-stride grid.
         CeSpec {
@@ -312,6 +324,11 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
                 cluster: Some((4, 16)),
                 depth: Some(4),
                 ..CeSpec::new(BF16, I64, 16, 128_256, 2048)
+            },
+            CeSpec {
+                cluster: Some((16, 8)),
+                depth: Some(4),
+                ..CeSpec::new(BF16, I64, 16, 128_256, 1024)
             },
             CeSpec {
                 cached: Some(13),

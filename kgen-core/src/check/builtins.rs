@@ -401,7 +401,7 @@ impl Checker<'_> {
     }
 
     /// `cluster_gather(x, size)`: the scalar `x` of every block of the cluster, as a
-    /// `[size]` tile. `size` is 1, 2, 4 or 8 and the same for every call of the kernel.
+    /// `[size]` tile. `size` is 1, 2, 4, 8 or 16 and the same for every call of the kernel.
     fn cluster_gather(&mut self, a: &Args, span: Span) -> Ev {
         let (x, xs) = a.p(0);
         let (sz, ss) = a.p(1);
@@ -417,7 +417,7 @@ impl Checker<'_> {
                     ss,
                     format!("cluster size {size} is not a power of two"),
                 )
-                .with_note("a cluster is 1, 2, 4 or 8 consecutive blocks along grid axis 0"),
+                .with_note("a cluster is 1, 2, 4, 8 or 16 consecutive blocks along grid axis 0"),
             );
         }
         if let Some((first, first_span)) = self.cluster {
