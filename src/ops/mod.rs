@@ -65,6 +65,9 @@ pub struct Ops {
     stream: Stream,
     kernels: Mutex<HashMap<String, Arc<Kernel>>>,
     tuner: kgen_runtime::autotune::Autotuner,
+    /// The tuner's choices (candidate labels) as `launch_tuned` already asked for them,
+    /// by "op|shape key".
+    tuned: Mutex<HashMap<String, String>>,
 }
 
 impl Ops {
@@ -80,6 +83,7 @@ impl Ops {
             stream,
             kernels: Mutex::new(HashMap::new()),
             tuner: kgen_runtime::autotune::Autotuner::from_env(),
+            tuned: Mutex::new(HashMap::new()),
         }
     }
 
@@ -93,6 +97,21 @@ impl Ops {
 
     pub fn tuner(&self) -> &kgen_runtime::autotune::Autotuner {
         &self.tuner
+    }
+
+    /// Which of `labels` `launch_tuned` chose earlier for `key` ("op|shape key"); None
+    /// when it has not, or chose a label that is not among these candidates (the same
+    /// shape can offer other candidates, e.g. for other alignments).
+    pub(crate) fn tuned_memo(&self, key: &str, labels: &[String]) -> Option<usize> {
+        let m = self.tuned.lock().ok()?;
+        let chosen = m.get(key)?;
+        labels.iter().position(|l| l == chosen)
+    }
+
+    pub(crate) fn remember_tuned(&self, key: String, label: &str) {
+        if let Ok(mut m) = self.tuned.lock() {
+            m.insert(key, label.to_string());
+        }
     }
 
     /// The loaded kernel `name` of `kernels-src/<stem>.kg` with these compile-time values,
@@ -119,19 +138,23 @@ impl Ops {
         min_blocks_per_sm: Option<u32>,
         tensors: &[(&str, &Tensor)],
     ) -> Result<Arc<Kernel>, OpError> {
-        let align = alignments(tensors);
-        let mut key = format!("{stem}/{name}/{num_warps:?}/{min_blocks_per_sm:?}");
+        // The map's key, built into one buffer (this runs on every op call).
+        use std::fmt::Write;
+        let mut key = String::with_capacity(96);
+        let _ = write!(key, "{stem}/{name}/{num_warps:?}/{min_blocks_per_sm:?}");
         for (k, v) in defines {
-            key.push_str(&format!("/{k}={v}"));
+            let _ = write!(key, "/{k}={v}");
         }
-        for (k, a) in &align {
-            if *a < 16 {
-                key.push_str(&format!("/{k}@{a}"));
+        for (k, t) in tensors {
+            let a = kgen_runtime::tensor_alignment(t);
+            if a < 16 {
+                let _ = write!(key, "/{k}@{a}");
             }
         }
         if let Some(k) = self.kernels.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(k);
         }
+        let align = alignments(tensors);
         let text = crate::bundled::source(stem).ok_or_else(|| {
             OpError::Runtime(RuntimeError::Compile(format!(
                 "no bundled kernel file kernels-src/{stem}.kg"

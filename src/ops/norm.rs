@@ -267,10 +267,21 @@ impl Ops {
         run: impl Fn(usize, bool) -> Result<f32, OpError>,
     ) -> Result<usize, OpError> {
         let i = if labels.len() > 1 && self.device().is_gpu() && self.tuner().enabled() {
-            self.tuner()
-                .pick(op, self.device(), shape_key, labels, |i| {
-                    run(i, true).map_err(as_runtime)
-                })
+            // The tuner's answer for this call site and shape, remembered here: its own
+            // lookup formats a device-wide key and compares labels on every call.
+            let memo_key = format!("{op}|{shape_key}");
+            match self.tuned_memo(&memo_key, labels) {
+                Some(i) => i,
+                None => {
+                    let i = self
+                        .tuner()
+                        .pick(op, self.device(), shape_key, labels, |i| {
+                            run(i, true).map_err(as_runtime)
+                        });
+                    self.remember_tuned(memo_key, &labels[i]);
+                    i
+                }
+            }
         } else {
             0
         };
