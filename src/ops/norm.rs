@@ -963,4 +963,17 @@ mod tests {
             check_layernorm(&ops, rows, cols, t).unwrap();
         }
     }
+
+    #[test]
+    fn the_tuned_memo_finds_its_choice_by_label() {
+        let ops = Ops::new(&Device::interpreter());
+        let labels = |l: &[&str]| -> Vec<String> { l.iter().map(|s| s.to_string()).collect() };
+        assert_eq!(ops.tuned_memo("relu|n=7", &labels(&["A", "B"])), None);
+        ops.remember_tuned("relu|n=7".into(), "B");
+        assert_eq!(ops.tuned_memo("relu|n=7", &labels(&["A", "B"])), Some(1));
+        // Other candidates for the same shape: found where it now stands, or not at all.
+        assert_eq!(ops.tuned_memo("relu|n=7", &labels(&["B", "C"])), Some(0));
+        assert_eq!(ops.tuned_memo("relu|n=7", &labels(&["A", "C"])), None);
+        assert_eq!(ops.tuned_memo("relu|n=8", &labels(&["A", "B"])), None);
+    }
 }

@@ -126,11 +126,12 @@ pub struct Lowerer<'a> {
     /// Converted copies of values, one map per open region.
     conv_cache: Vec<HashMap<(ValueId, Linear), Vec<Reg>>>,
     /// For an f16/bf16 value held widened in an f32 register after rounding (`round_to`):
-    /// the f32 register it was rounded from, and the format. A store packs that one directly (rounding
-    /// twice to the same format is rounding once), so `x as bf16` stored is one
-    /// `cvt.rn.bf16x2.f32` per two elements instead of round, widen and pack. Sound
-    /// because a value's register is never redefined while the value is in scope (SSA
-    /// values; block parameters are rewritten only by the yield that ends their body).
+    /// the f32 register it was rounded from, and the format. A store packs that one
+    /// directly (rounding twice to the same format is rounding once), so `x as bf16`
+    /// stored is one `cvt.rn.bf16x2.f32` per two elements instead of round, widen and
+    /// pack. Sound because a value's register is never redefined while the value is in
+    /// scope (SSA values; block parameters are rewritten only by the yield that ends
+    /// their body).
     rounded_from: HashMap<Reg, (Reg, DType)>,
     tid: Option<Reg>,
     bits_cache: HashMap<Vec<(u32, u32)>, Reg>,
