@@ -29,6 +29,12 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     for &(t, s, groups, block, grid) in quick {
         v.push(adamw_multi_case(seed, t, s, groups, block, grid));
     }
+    for &(t, s, sizes, block, grid) in &[
+        (F32, F32, &[1usize, 7, 1000, 4097][..], 1024usize, None),
+        (BF16, BF16, &[4097, 3][..], 256, Some(5)),
+    ] {
+        v.push(adamw_one_group_case(seed, t, s, sizes, block, grid));
+    }
     for &(dt, n, block, grid) in &[
         (F32, 1usize, 1024usize, None),
         (F32, 7, 1024, None),
@@ -186,6 +192,36 @@ pub fn adamw_multi_case(
         }),
         tolerance: Tolerance::for_dtype(t, f32_tol).max(Tolerance::for_dtype(s, f32_tol)),
     }
+}
+
+/// [`adamw_multi_case`] with one group and `ONE_GROUP = true` (what the optimizer passes
+/// for a single group): the kernel takes row 0 of the table without reading the chunk
+/// table. The case moves the group's row to 0 (the decoy to row 1) and points every chunk
+/// at row 0, so the reference and the kernel read the same row.
+pub fn adamw_one_group_case(
+    seed: u64,
+    t: DType,
+    s: DType,
+    sizes: &[usize],
+    block: usize,
+    grid: Option<usize>,
+) -> Case {
+    let mut case = adamw_multi_case(seed, t, s, &[sizes], block, grid);
+    let hp = tensor_at(&case.args, 5).to_f64_vec();
+    let (decoy, group) = hp.split_at(HP_COLS);
+    let swapped: Vec<f64> = group.iter().chain(decoy).copied().collect();
+    case.args[5] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[2, HP_COLS], &swapped));
+    let nchunks = tensor_at(&case.args, 4).to_f64_vec().len();
+    case.args[4] = ArgValue::Tensor(HostTensor::from_f64(
+        DType::I32,
+        &[nchunks],
+        &vec![0.0; nchunks],
+    ));
+    case.defines.push(("ONE_GROUP".into(), "true".into()));
+    case.label = case
+        .label
+        .replacen("adamw_multi", "adamw_multi ONE_GROUP", 1);
+    case
 }
 
 /// `grad_stats` partials `[G, 2]`: (sum of squares, non-finite count = 0) per block over

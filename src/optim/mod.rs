@@ -607,6 +607,7 @@ impl AdamW {
                 ("T", self.param_dtype.to_string()),
                 ("S", self.state_dtype.to_string()),
                 ("BLOCK", self.launch.block.to_string()),
+                ("ONE_GROUP", (self.groups.len() == 1).to_string()),
             ],
             self.launch.num_warps,
             &[
