@@ -196,8 +196,9 @@ pub fn adamw_multi_case(
 
 /// [`adamw_multi_case`] with one group and `ONE_GROUP = true` (what the optimizer passes
 /// for a single group): the kernel takes row 0 of the table without reading the chunk
-/// table. The case moves the group's row to 0 (the decoy to row 1) and points every chunk
-/// at row 0, so the reference and the kernel read the same row.
+/// table. The case moves the group's row to 0 and the decoy to row 1, which every chunk
+/// still names, so a kernel that read the chunk table would take the decoy's values;
+/// the reference reads row 0.
 pub fn adamw_one_group_case(
     seed: u64,
     t: DType,
@@ -212,11 +213,13 @@ pub fn adamw_one_group_case(
     let swapped: Vec<f64> = group.iter().chain(decoy).copied().collect();
     case.args[5] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[2, HP_COLS], &swapped));
     let nchunks = tensor_at(&case.args, 4).to_f64_vec().len();
-    case.args[4] = ArgValue::Tensor(HostTensor::from_f64(
-        DType::I32,
-        &[nchunks],
-        &vec![0.0; nchunks],
-    ));
+    let row0 = HostTensor::from_f64(DType::I32, &[nchunks], &vec![0.0; nchunks]);
+    let multi_reference = std::mem::replace(&mut case.reference, Box::new(|_| Vec::new()));
+    case.reference = Box::new(move |args| {
+        let mut args = args.to_vec();
+        args[4] = ArgValue::Tensor(row0.clone());
+        multi_reference(&args)
+    });
     case.defines.push(("ONE_GROUP".into(), "true".into()));
     case.label = case
         .label
