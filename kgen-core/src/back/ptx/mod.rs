@@ -1,7 +1,7 @@
 //! The PTX back end: layout assignment, lowering to PTX instructions, and one printer.
 //!
 //! ```text
-//!   ir::Function ──assign──▶ layouts ──limits──▶ lower ──▶ isa::Module ──writer──▶ text
+//!   ir::Function ──assign──▶ layouts ──limits──▶ lower ──dead_code──▶ isa::Module ──writer──▶ text
 //! ```
 //!
 //! Assumes: validated IR (`valid::validate` gave the `ModuleInfo`). Guarantees: a
@@ -13,6 +13,7 @@
 
 pub mod assign;
 pub mod axis;
+pub mod dead_code;
 pub mod isa;
 pub mod layout;
 pub mod lower;
@@ -160,6 +161,8 @@ pub fn write(
         dynamic,
     });
     let entry = func.name.clone();
+    let mut body = lowered.body;
+    dead_code::remove_dead_instructions(&mut body);
     let module = isa::Module {
         version: target.ptx_version,
         target: target.ptx_target(),
@@ -177,7 +180,7 @@ pub fn write(
         reg_counts: lowered.reg_counts,
         shared,
         cluster: info.cluster_size.map(|c| (c, lowered.cluster_slots)),
-        body: lowered.body,
+        body,
         header_comments: vec![
             format!(
                 "kernel {} ({}), {} warps",
