@@ -22,22 +22,52 @@ const PURE: &[&str] = &[
     "sin", "cos", "copysign",
 ];
 
-/// Removes dead pure instructions from `body` (see the module header).
+/// Removes dead pure instructions from `body` (see the module header): one count of
+/// reads, then a worklist, since removing an instruction can leave its operands unread.
 pub fn remove_dead_instructions(body: &mut Vec<Stmt>) {
-    loop {
-        let uses = read_counts(body);
-        let before = body.len();
-        body.retain(|s| match s {
-            Stmt::Inst(i) => match dead_destination(i) {
-                Some(d) => uses.get(&d).copied().unwrap_or(0) > 0,
-                None => true,
-            },
-            _ => true,
-        });
-        if body.len() == before {
-            return;
+    let mut uses = HashMap::new();
+    for s in body.iter() {
+        if let Stmt::Inst(i) = s {
+            for_each_read(i, |r| *uses.entry(r).or_insert(0usize) += 1);
         }
     }
+    // Pure definitions per destination, so a register whose reads drop to 0 finds them.
+    let mut defs: HashMap<Reg, Vec<usize>> = HashMap::new();
+    for (k, s) in body.iter().enumerate() {
+        if let Stmt::Inst(i) = s {
+            if let Some(d) = dead_destination(i) {
+                defs.entry(d).or_default().push(k);
+            }
+        }
+    }
+    let mut removed = vec![false; body.len()];
+    let mut work: Vec<Reg> = defs
+        .keys()
+        .copied()
+        .filter(|d| uses.get(d).copied().unwrap_or(0) == 0)
+        .collect();
+    while let Some(d) = work.pop() {
+        for &k in defs.get(&d).map(Vec::as_slice).unwrap_or(&[]) {
+            if removed[k] {
+                continue;
+            }
+            removed[k] = true;
+            let Stmt::Inst(i) = &body[k] else { continue };
+            for_each_read(i, |r| {
+                if let Some(n) = uses.get_mut(&r) {
+                    *n -= 1;
+                    if *n == 0 && defs.contains_key(&r) {
+                        work.push(r);
+                    }
+                }
+            });
+        }
+    }
+    let mut k = 0;
+    body.retain(|_| {
+        k += 1;
+        !removed[k - 1]
+    });
 }
 
 /// The destination of a pure instruction (None for everything that must stay).
@@ -52,27 +82,21 @@ fn dead_destination(i: &Inst) -> Option<Reg> {
     }
 }
 
-/// How many times each register is read: guards, every operand after the first, and the
-/// address register of a first operand that is a memory reference (a store's).
-fn read_counts(body: &[Stmt]) -> HashMap<Reg, usize> {
-    let mut n: HashMap<Reg, usize> = HashMap::new();
-    let mut read = |r: Reg| *n.entry(r).or_default() += 1;
-    for s in body {
-        let Stmt::Inst(i) = s else { continue };
-        if let Some((g, _)) = i.guard {
-            read(g);
-        }
-        for (k, op) in i.operands.iter().enumerate() {
-            match op {
-                Operand::Reg(r) if k > 0 => read(*r),
-                // A vector first operand is defined (`ld.v4 {..}`, `mov.b32 {lo, hi}, w`).
-                Operand::Vec(rs) if k > 0 => rs.iter().copied().for_each(&mut read),
-                Operand::Mem(super::isa::Addr::Reg(r), _) => read(*r),
-                _ => {}
-            }
+/// Calls `read` for each register `i` reads: its guard, every operand after the first,
+/// and the address register of a first operand that is a memory reference (a store's).
+/// A vector first operand is defined (`ld.v4 {..}`, `mov.b32 {lo, hi}, w`), not read.
+fn for_each_read(i: &Inst, mut read: impl FnMut(Reg)) {
+    if let Some((g, _)) = i.guard {
+        read(g);
+    }
+    for (k, op) in i.operands.iter().enumerate() {
+        match op {
+            Operand::Reg(r) if k > 0 => read(*r),
+            Operand::Vec(rs) if k > 0 => rs.iter().copied().for_each(&mut read),
+            Operand::Mem(super::isa::Addr::Reg(r), _) => read(*r),
+            _ => {}
         }
     }
-    n
 }
 
 #[cfg(test)]
