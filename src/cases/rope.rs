@@ -36,38 +36,154 @@ const fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize, extra: u
     }
 }
 
-/// (shape, T, C, ROWS, BACKWARD).
-type Row = (RopeShape, DType, DType, usize, bool);
+/// (shape, T, C, ROWS, BACKWARD, TOKEN_GRID).
+type Row = (RopeShape, DType, DType, usize, bool, bool);
 
 const QUICK: &[Row] = &[
     // rows = 1, D = 2 (a half of one element).
-    (shape(1, 1, 1, 2, 0), DType::BF16, DType::F32, 1, false),
+    (
+        shape(1, 1, 1, 2, 0),
+        DType::BF16,
+        DType::F32,
+        1,
+        false,
+        false,
+    ),
     // rows = 7, ROWS = 4 does not divide H = 1: the fallback, tail rows masked.
-    (shape(1, 7, 1, 8, 0), DType::F32, DType::F32, 4, false),
-    (shape(2, 7, 4, 16, 3), DType::BF16, DType::F32, 4, true),
+    (
+        shape(1, 7, 1, 8, 0),
+        DType::F32,
+        DType::F32,
+        4,
+        false,
+        false,
+    ),
+    (
+        shape(2, 7, 4, 16, 3),
+        DType::BF16,
+        DType::F32,
+        4,
+        true,
+        false,
+    ),
+    (
+        shape(2, 7, 4, 16, 3),
+        DType::BF16,
+        DType::F32,
+        4,
+        true,
+        true,
+    ),
     // D / 2 = 3, H = 3 with ROWS = 2: fallback, rows spanning two tokens.
-    (shape(1, 5, 3, 6, 0), DType::F16, DType::F32, 2, false),
-    (shape(2, 3, 8, 128, 0), DType::BF16, DType::F32, 8, false),
-    (shape(1, 4, 32, 128, 1), DType::BF16, DType::BF16, 16, true),
+    (
+        shape(1, 5, 3, 6, 0),
+        DType::F16,
+        DType::F32,
+        2,
+        false,
+        false,
+    ),
+    (
+        shape(2, 3, 8, 128, 0),
+        DType::BF16,
+        DType::F32,
+        8,
+        false,
+        false,
+    ),
+    (
+        shape(1, 4, 32, 128, 1),
+        DType::BF16,
+        DType::BF16,
+        16,
+        true,
+        true,
+    ),
+    // The token grid with several blocks per token (H / ROWS = 3) and batches.
+    (
+        shape(3, 5, 24, 32, 2),
+        DType::F32,
+        DType::F32,
+        8,
+        false,
+        true,
+    ),
     // ROWS = 6 (not a power of two) dividing H = 6.
-    (shape(1, 7, 6, 64, 0), DType::F32, DType::F32, 6, false),
-    (shape(1, 3, 4, 64, 0), DType::F16, DType::F16, 4, true),
+    (
+        shape(1, 7, 6, 64, 0),
+        DType::F32,
+        DType::F32,
+        6,
+        false,
+        true,
+    ),
+    (
+        shape(1, 3, 4, 64, 0),
+        DType::F16,
+        DType::F16,
+        4,
+        true,
+        false,
+    ),
 ];
 
 const FULL: &[Row] = &[
     // rows = 1000 with H = 1 (one head per token).
-    (shape(1, 1000, 1, 128, 0), DType::BF16, DType::F32, 8, false),
-    (shape(2, 125, 4, 128, 5), DType::BF16, DType::F32, 4, true),
-    (shape(1, 64, 32, 128, 0), DType::BF16, DType::F32, 16, false),
-    (shape(1, 100, 5, 64, 0), DType::F16, DType::F32, 4, false),
-    (shape(1, 33, 12, 96, 0), DType::F32, DType::F32, 12, true),
+    (
+        shape(1, 1000, 1, 128, 0),
+        DType::BF16,
+        DType::F32,
+        8,
+        false,
+        false,
+    ),
+    (
+        shape(1, 1000, 1, 128, 0),
+        DType::BF16,
+        DType::F32,
+        1,
+        false,
+        true,
+    ),
+    (
+        shape(2, 125, 4, 128, 5),
+        DType::BF16,
+        DType::F32,
+        4,
+        true,
+        true,
+    ),
+    (
+        shape(1, 64, 32, 128, 0),
+        DType::BF16,
+        DType::F32,
+        16,
+        false,
+        false,
+    ),
+    (
+        shape(1, 100, 5, 64, 0),
+        DType::F16,
+        DType::F32,
+        4,
+        false,
+        false,
+    ),
+    (
+        shape(1, 33, 12, 96, 0),
+        DType::F32,
+        DType::F32,
+        12,
+        true,
+        true,
+    ),
 ];
 
 pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     let rows = QUICK
         .iter()
         .chain(if sizes == SizeSet::Full { FULL } else { &[] });
-    rows.map(|&(s, t, c, r, bwd)| case(seed, s, t, c, r, bwd))
+    rows.map(|&(s, t, c, r, bwd, token_grid)| case(seed, s, t, c, r, bwd, token_grid))
         .collect()
 }
 
@@ -89,7 +205,8 @@ pub fn reference(x: &[f64], cos: &[f64], sin: &[f64], s: RopeShape, backward: bo
     out
 }
 
-/// One `rope` case.
+/// One `rope` case; `token_grid` (which needs ROWS to divide H) launches the
+/// [H / ROWS, S, B] grid of `TOKEN_GRID = true`, else the 1-D grid.
 pub fn case(
     seed: u64,
     s: RopeShape,
@@ -97,10 +214,15 @@ pub fn case(
     table: DType,
     rows_per_block: usize,
     backward: bool,
+    token_grid: bool,
 ) -> Case {
     let label = format!(
-        "rope T={dtype} C={table} ROWS={rows_per_block} BACKWARD={backward} B={} S={} H={} D={} table={}",
+        "rope T={dtype} C={table} ROWS={rows_per_block} BACKWARD={backward} TOKEN_GRID={token_grid} B={} S={} H={} D={} table={}",
         s.batch, s.seq, s.heads, s.head_dim, s.table_rows
+    );
+    assert!(
+        !token_grid || s.heads.is_multiple_of(rows_per_block),
+        "the token grid needs ROWS to divide H"
     );
     let mut rng = Rng::for_case(seed, &label);
     let rows = s.rows();
@@ -136,9 +258,18 @@ pub fn case(
             ("HEAD_DIM", s.head_dim.to_string()),
             ("ROWS", rows_per_block.to_string()),
             ("BACKWARD", backward.to_string()),
+            ("TOKEN_GRID", token_grid.to_string()),
         ]),
         tensor_align: aligns(&["x", "cos", "sin", "out", "n_heads", "seq_len"], &args),
-        grid: [cdiv(rows, rows_per_block) as u32, 1, 1],
+        grid: if token_grid {
+            [
+                (s.heads / rows_per_block) as u32,
+                s.seq as u32,
+                s.batch as u32,
+            ]
+        } else {
+            [cdiv(rows, rows_per_block) as u32, 1, 1]
+        },
         args,
         outputs: vec![3],
         reference: Box::new(move |args| {

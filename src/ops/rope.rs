@@ -161,6 +161,7 @@ impl Ops {
                 cands.push(r);
             }
         }
+        let token_grid = s <= 65535 && b <= 65535;
         let labels: Vec<String> = cands.iter().map(|r| format!("ROWS={r}")).collect();
         let key = format!("T={t},C={c},B={b},S={s},H={h},D={d},bwd={backward}");
         let name = if backward { "rope_bwd" } else { "rope" };
@@ -175,6 +176,7 @@ impl Ops {
                     ("HEAD_DIM", d.to_string()),
                     ("ROWS", r.to_string()),
                     ("BACKWARD", backward.to_string()),
+                    ("TOKEN_GRID", token_grid.to_string()),
                 ],
                 None,
                 &[("x", &x2), ("cos", cos), ("sin", sin), ("out", &o2)],
@@ -187,7 +189,14 @@ impl Ops {
                 Arg::from(h as i32),
                 Arg::from(s as i32),
             ];
-            self.launch_maybe_timed(&k, grid_1d(rows, r)?, &args, timed)
+            // Every candidate divides H; the token grid [H / r, S, B] needs S and B
+            // within the grid's y and z limits.
+            let grid = if token_grid {
+                [(h / r) as u32, s as u32, b as u32]
+            } else {
+                grid_1d(rows, r)?
+            };
+            self.launch_maybe_timed(&k, grid, &args, timed)
         })?;
         Ok(())
     }
