@@ -31,10 +31,43 @@ impl HostTensor {
     /// A contiguous tensor whose elements are `values` rounded to `dtype`.
     pub fn from_f64(dtype: DType, shape: &[usize], values: &[f64]) -> HostTensor {
         let mut t = HostTensor::zeros(dtype, shape);
+        // Contiguous: row-major element i is storage element i.
         for (i, v) in values.iter().enumerate().take(t.num_elements()) {
-            t.set_linear(i, *v);
+            t.write_f64(i, *v);
         }
         t
+    }
+
+    /// The storage offset of every element of the view, in row-major order (one pass
+    /// with a carried multi-index; no per-element division or allocation).
+    pub fn offsets(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.num_elements();
+        let mut idx = vec![0usize; self.shape.len()];
+        let mut off = 0usize;
+        (0..n).map(move |k| {
+            if k > 0 {
+                for d in (0..idx.len()).rev() {
+                    idx[d] += 1;
+                    off += self.strides[d];
+                    if idx[d] < self.shape[d] {
+                        break;
+                    }
+                    off -= self.strides[d] * idx[d];
+                    idx[d] = 0;
+                }
+            }
+            off
+        })
+    }
+
+    /// A contiguous copy of the view (the same elements, row-major).
+    pub fn to_contiguous(&self) -> HostTensor {
+        let mut c = HostTensor::zeros(self.dtype, &self.shape);
+        let sz = self.dtype.size_bytes() as usize;
+        for (i, off) in self.offsets().enumerate() {
+            c.data[i * sz..i * sz + sz].copy_from_slice(&self.data[off * sz..off * sz + sz]);
+        }
+        c
     }
 
     pub fn num_elements(&self) -> usize {
@@ -66,9 +99,7 @@ impl HostTensor {
 
     /// Every element of the view, row-major, as f64.
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        (0..self.num_elements())
-            .map(|i| self.get_linear(i))
-            .collect()
+        self.offsets().map(|off| self.read_f64(off)).collect()
     }
 
     /// Reads the storage element at `off` as f64 (integers exactly up to 2^53).
@@ -199,4 +230,45 @@ fn scalar_to_bytes(dtype: DType, s: Scalar) -> [u8; 8] {
 pub enum ArgValue {
     Tensor(HostTensor),
     Scalar(Scalar),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `offsets` walks any strided view in row-major order, as `unravel` + strides do
+    /// element by element, and the copies built on it keep every element.
+    #[test]
+    fn offsets_match_unravel_on_strided_views() {
+        let base: Vec<f64> = (0..2 * 3 * 5).map(|i| i as f64 * 1.5 - 7.0).collect();
+        let t = HostTensor::from_f64(DType::F32, &[2, 3, 5], &base);
+        let views = [
+            (vec![2, 3, 5], vec![15, 5, 1]), // contiguous
+            (vec![5, 3, 2], vec![1, 5, 15]), // all axes reversed (a transpose)
+            (vec![2, 2, 3], vec![15, 5, 2]), // a sliced, strided window
+            (vec![3, 1, 4], vec![5, 0, 1]),  // a broadcast size-1 axis
+            (vec![], vec![]),                // a scalar
+            (vec![4, 0, 2], vec![1, 1, 1]),  // empty
+        ];
+        for (shape, strides) in views {
+            let v = HostTensor {
+                shape: shape.clone(),
+                strides: strides.clone(),
+                ..t.clone()
+            };
+            let want: Vec<usize> = (0..v.num_elements())
+                .map(|i| v.offset_of(&unravel(i, &shape)))
+                .collect();
+            assert_eq!(
+                v.offsets().collect::<Vec<_>>(),
+                want,
+                "{shape:?} {strides:?}"
+            );
+            let values: Vec<f64> = want.iter().map(|&o| base[o]).collect();
+            assert_eq!(v.to_f64_vec(), values);
+            let c = v.to_contiguous();
+            assert_eq!(c.strides, contiguous_strides(&shape));
+            assert_eq!(c.to_f64_vec(), values);
+        }
+    }
 }

@@ -450,11 +450,7 @@ impl Tensor {
         {
             std::borrow::Cow::Borrowed(&src.data[..])
         } else {
-            let mut c = HostTensor::zeros(src.dtype, &src.shape);
-            for i in 0..src.num_elements() {
-                c.set_linear(i, src.get_linear(i));
-            }
-            std::borrow::Cow::Owned(c.data)
+            std::borrow::Cow::Owned(src.to_contiguous().data)
         };
         self.write_bytes(&contiguous_src)
     }

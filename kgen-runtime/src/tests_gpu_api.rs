@@ -780,3 +780,154 @@ fn gpu_launch_stream_kinds() {
         );
     }
 }
+
+/// A measurement, not a test: the host cost of a launch (`Device::launch` and a bare
+/// `cuLaunchKernel` of the same kernel, packed once) in three states of the stream's
+/// queue: **busy** (behind ~20 bandwidth-bound kernels, the bench's method), **held**
+/// (behind a `cuStreamWaitValue32` on a host-mapped flag that the host sets only after
+/// the timed loop: the GPU executes nothing while the host launches) and **idle** (an
+/// empty queue that the GPU drains as the host fills it). Run on a GPU with
+/// `--ignored --nocapture gpu_launch_cost_queue_states`.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture on a GPU"]
+fn gpu_launch_cost_queue_states() {
+    use cudarc::driver::sys;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(d) = gpu_or_skip("gpu_launch_cost_queue_states") else {
+        return;
+    };
+    let n = 4096;
+    let (t, k) = axpy_setup(&d, n, true);
+    let s = d.stream();
+    let args = axpy_args(&t);
+    let grid = grid_1d(n, 256).unwrap();
+    let (func, mut values) = packed(&k, &args);
+    let mut ptrs = param_ptrs(&mut values);
+    let threads = k.compiled().launch.threads_per_block;
+    let raw_stream = s.raw();
+    let big = 32 << 20;
+    let (bt, kb) = axpy_setup(&d, big, false);
+    let bargs = axpy_args(&bt);
+    let bgrid = grid_1d(big, 256).unwrap();
+    d.gpu().unwrap().context().bind_to_thread().unwrap();
+    // The flag the held queue waits on: pinned host memory mapped into the device.
+    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+    let mut dflag: sys::CUdeviceptr = 0;
+    unsafe {
+        sys::cuMemHostAlloc(&mut host, 64, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+            .result()
+            .unwrap();
+        sys::cuMemHostGetDevicePointer_v2(&mut dflag, host, 0)
+            .result()
+            .unwrap();
+    }
+    let flag = host as usize;
+    let set_flag = |v: u32| unsafe { std::ptr::write_volatile(flag as *mut u32, v) };
+    // 256 launches per round stay well inside the driver's queue, so a held queue never
+    // makes the host wait (a watchdog releases it after 200 ms if it ever did).
+    let per_round = 256;
+    let states = ["busy", "held", "idle"];
+    let mut times: Vec<[Vec<f64>; 2]> = vec![Default::default(); states.len()];
+    for _ in 0..100 {
+        d.launch(&s, &k, grid, &args).unwrap();
+    }
+    let mut held_error = None;
+    for round in 0..9 {
+        for (si, state) in states.iter().enumerate() {
+            if *state == "held" && held_error.is_some() {
+                continue;
+            }
+            for which in [(round % 2), 1 - (round % 2)] {
+                s.synchronize().unwrap();
+                let done = AtomicBool::new(false);
+                std::thread::scope(|scope| {
+                    match *state {
+                        "busy" => {
+                            for _ in 0..20 {
+                                d.launch(&s, &kb, bgrid, &bargs).unwrap();
+                            }
+                        }
+                        "held" => {
+                            set_flag(0);
+                            let r = unsafe {
+                                sys::cuStreamWaitValue32_v2(
+                                    raw_stream,
+                                    dflag,
+                                    1,
+                                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32,
+                                )
+                            };
+                            if let Err(e) = r.result() {
+                                held_error = Some(e);
+                                return;
+                            }
+                            let done = &done;
+                            scope.spawn(move || {
+                                let t = std::time::Instant::now();
+                                while !done.load(Ordering::Acquire)
+                                    && t.elapsed() < std::time::Duration::from_millis(200)
+                                {
+                                    std::thread::sleep(std::time::Duration::from_millis(1));
+                                }
+                                set_flag(1);
+                            });
+                        }
+                        _ => {}
+                    }
+                    let t0 = std::time::Instant::now();
+                    for _ in 0..per_round {
+                        if which == 0 {
+                            d.launch(&s, &k, grid, &args).unwrap();
+                        } else {
+                            unsafe {
+                                sys::cuLaunchKernel(
+                                    func,
+                                    grid[0],
+                                    1,
+                                    1,
+                                    threads,
+                                    1,
+                                    1,
+                                    0,
+                                    raw_stream,
+                                    ptrs.as_mut_ptr(),
+                                    std::ptr::null_mut(),
+                                )
+                                .result()
+                                .unwrap()
+                            }
+                        }
+                    }
+                    times[si][which].push(t0.elapsed().as_secs_f64() * 1e6 / per_round as f64);
+                    set_flag(1);
+                    done.store(true, Ordering::Release);
+                });
+                s.synchronize().unwrap();
+            }
+        }
+    }
+    unsafe { sys::cuMemFreeHost(host).result().unwrap() };
+    // The output is checked, so the measured launches did run.
+    let got = t[2].to_f64_vec().unwrap();
+    assert!(got.iter().all(|v| v.is_finite()));
+    if let Some(e) = held_error {
+        eprintln!("  held: cuStreamWaitValue32 failed ({e:?}), state skipped");
+    }
+    eprintln!("launch host cost by queue state (axpy, median of 9 rounds of {per_round}):");
+    for (state, [mut ours, mut bare]) in states.iter().zip(times) {
+        if ours.is_empty() {
+            continue;
+        }
+        let stats = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2], v[0], v[v.len() - 1])
+        };
+        let (o, omin, omax) = stats(&mut ours);
+        let (b, bmin, bmax) = stats(&mut bare);
+        eprintln!(
+            "  {state}: Device::launch {o:.2} us ({omin:.2}-{omax:.2}), bare cuLaunchKernel \
+             {b:.2} us ({bmin:.2}-{bmax:.2}), kgen's share {:.2} us",
+            o - b
+        );
+    }
+}
