@@ -3,8 +3,9 @@
 //! launches, wrong-device and misalignment errors on real pointers,
 //! user cudarc streams, launches from another thread, and the disk cache of driver JIT
 //! output (hit, corrupt entry rebuilt). Each test prints that it skipped and passes when
-//! the machine has no CUDA driver or no kgen-capable GPU. One ignored measurement (the
-//! host cost of a warm launch, piece by piece) runs with `--ignored`.
+//! the machine has no CUDA driver or no kgen-capable GPU. Two ignored measurements run
+//! with `--ignored`: the host cost of a warm launch (by state of the launch queue, then
+//! kgen's share piece by piece) and the driver's cost by kind of stream.
 
 use crate::*;
 use kgen_core::types::DType;
@@ -192,40 +193,6 @@ fn gpu_upload_async_does_not_wait_for_queued_kernels() {
     assert_eq!(p.to_vec::<f32>().unwrap(), vec![15.0f32; 16]);
 }
 
-/// Host time per call (µs) of two launch loops, `per_round` calls each, timed in
-/// alternating rounds behind `busy` (which keeps the GPU busy, so the launch queue
-/// neither drains nor fills and only the host cost is measured): the medians.
-fn host_us_per_call_ab(
-    s: &Stream,
-    busy: &dyn Fn(),
-    a: &mut dyn FnMut(),
-    b: &mut dyn FnMut(),
-    per_round: usize,
-) -> (f64, f64) {
-    let mut times = [Vec::new(), Vec::new()];
-    for round in 0..14 {
-        let which = (round + round / 2) % 2; // a b b a a b b a ...
-        s.synchronize().unwrap();
-        busy();
-        let t = std::time::Instant::now();
-        for _ in 0..per_round {
-            if which == 0 {
-                a()
-            } else {
-                b()
-            }
-        }
-        times[which].push(t.elapsed().as_secs_f64() * 1e6 / per_round as f64);
-        s.synchronize().unwrap();
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|x, y| x.partial_cmp(y).unwrap());
-        v[v.len() / 2]
-    };
-    let [mut ta, mut tb] = times;
-    (median(&mut ta), median(&mut tb))
-}
-
 /// x, y (random, or zeros for large fillers) and an empty out, f32 of `n` elements, with
 /// the axpy kernel specialized for them: the launch-cost measurements' kernel.
 fn axpy_setup(d: &Device, n: usize, random: bool) -> ([Tensor; 3], Arc<Kernel>) {
@@ -268,87 +235,6 @@ fn param_ptrs(values: &mut [u64]) -> Vec<*mut std::ffi::c_void> {
         .iter_mut()
         .map(|v| v as *mut u64 as *mut std::ffi::c_void)
         .collect()
-}
-
-/// A measurement, not a test (performance is measured by `kgen bench`, never asserted in
-/// tests): where the host time of a warm launch goes. Run on a GPU with
-/// `--ignored --nocapture gpu_warm_launch_host_cost`.
-#[test]
-#[ignore = "a measurement: run with --ignored --nocapture on a GPU"]
-fn gpu_warm_launch_host_cost() {
-    let Some(d) = gpu_or_skip("gpu_warm_launch_host_cost") else {
-        return;
-    };
-    let n = 4096;
-    let (t, k) = axpy_setup(&d, n, true);
-    let s = d.stream();
-    let args = axpy_args(&t);
-    let grid = grid_1d(n, 256).unwrap();
-    // The GPU-side filler: ~20 bandwidth-bound kernels over 3 x 128 MiB.
-    let big = 32 << 20;
-    let (bt, kb) = axpy_setup(&d, big, false);
-    let bargs = axpy_args(&bt);
-    let bgrid = grid_1d(big, 256).unwrap();
-    let busy = || {
-        for _ in 0..20 {
-            d.launch(&s, &kb, bgrid, &bargs).unwrap();
-        }
-    };
-    for _ in 0..100 {
-        d.launch(&s, &k, grid, &args).unwrap();
-    }
-    let per_round = 400;
-    // The same launch as a bare cuLaunchKernel with parameters packed once.
-    let (func, mut values) = packed(&k, &args);
-    let mut ptrs = param_ptrs(&mut values);
-    let threads = k.compiled().launch.threads_per_block;
-    let raw_stream = s.raw();
-    let (ours, raw) = host_us_per_call_ab(
-        &s,
-        &busy,
-        &mut || d.launch(&s, &k, grid, &args).unwrap(),
-        &mut || unsafe {
-            cudarc::driver::sys::cuLaunchKernel(
-                func,
-                grid[0],
-                1,
-                1,
-                threads,
-                1,
-                1,
-                0,
-                raw_stream,
-                ptrs.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-            .result()
-            .unwrap()
-        },
-        per_round,
-    );
-    eprintln!(
-        "warm launch host cost (4 args, median of 7 rounds of {per_round}, interleaved): Device::launch {ours:.2} us, \
-         bare cuLaunchKernel {raw:.2} us, kgen's own share {:.2} us",
-        ours - raw
-    );
-    // Where kgen's share goes: each piece alone, in a tight loop (no launch).
-    let each_ns = |f: &mut dyn FnMut()| {
-        let reps = 100_000;
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            f();
-        }
-        t.elapsed().as_secs_f64() * 1e9 / reps as f64
-    };
-    let ctx = d.gpu().unwrap().context().clone();
-    let bind_ns = each_ns(&mut || ctx.bind_to_thread().unwrap());
-    let check_ns = each_ns(&mut || check_args(&d, &k, &args).unwrap());
-    let pack_ns = each_ns(&mut || {
-        crate::launch::pack_into(&k, &args, std::hint::black_box(&mut values)).unwrap()
-    });
-    eprintln!(
-        "  pieces: context check {bind_ns:.0} ns, argument checks {check_ns:.0} ns, packing {pack_ns:.0} ns"
-    );
 }
 
 #[test]
@@ -781,19 +667,20 @@ fn gpu_launch_stream_kinds() {
     }
 }
 
-/// A measurement, not a test: the host cost of a launch (`Device::launch` and a bare
-/// `cuLaunchKernel` of the same kernel, packed once) in three states of the stream's
-/// queue: **busy** (behind ~20 bandwidth-bound kernels, the bench's method), **held**
-/// (behind a `cuStreamWaitValue32` on a host-mapped flag that the host sets only after
-/// the timed loop: the GPU executes nothing while the host launches) and **idle** (an
-/// empty queue that the GPU drains as the host fills it). Run on a GPU with
-/// `--ignored --nocapture gpu_launch_cost_queue_states`.
+/// A measurement, not a test (performance is measured by `kgen bench`, never asserted in
+/// tests): the host cost of a warm launch. `Device::launch` and a bare `cuLaunchKernel`
+/// of the same kernel (parameters packed once), interleaved, in three states of the
+/// stream's queue: **busy** (behind ~20 bandwidth-bound kernels, the bench's method),
+/// **held** (behind a `cuStreamWaitValue32` on a host-mapped flag that the host sets
+/// only after the timed loop: the GPU executes nothing while the host launches) and
+/// **idle** (an empty queue that the GPU drains as the host fills it); then kgen's share
+/// piece by piece. Run on a GPU with `--ignored --nocapture gpu_warm_launch_host_cost`.
 #[test]
 #[ignore = "a measurement: run with --ignored --nocapture on a GPU"]
-fn gpu_launch_cost_queue_states() {
+fn gpu_warm_launch_host_cost() {
     use cudarc::driver::sys;
     use std::sync::atomic::{AtomicBool, Ordering};
-    let Some(d) = gpu_or_skip("gpu_launch_cost_queue_states") else {
+    let Some(d) = gpu_or_skip("gpu_warm_launch_host_cost") else {
         return;
     };
     let n = 4096;
@@ -930,4 +817,22 @@ fn gpu_launch_cost_queue_states() {
             o - b
         );
     }
+    // Where kgen's share goes: each piece alone, in a tight loop (no launch).
+    let each_ns = |f: &mut dyn FnMut()| {
+        let reps = 100_000;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        t.elapsed().as_secs_f64() * 1e9 / reps as f64
+    };
+    let ctx = d.gpu().unwrap().context().clone();
+    let bind_ns = each_ns(&mut || ctx.bind_to_thread().unwrap());
+    let check_ns = each_ns(&mut || check_args(&d, &k, &args).unwrap());
+    let pack_ns = each_ns(&mut || {
+        crate::launch::pack_into(&k, &args, std::hint::black_box(&mut values)).unwrap()
+    });
+    eprintln!(
+        "  pieces: context check {bind_ns:.0} ns, argument checks {check_ns:.0} ns, packing {pack_ns:.0} ns"
+    );
 }
