@@ -157,6 +157,7 @@ impl Device {
         Stream {
             device: self.clone(),
             cuda: self.gpu().map(|g| g.stream.clone()),
+            capture: Arc::default(),
         }
     }
 
@@ -171,6 +172,7 @@ impl Device {
         Ok(Stream {
             device: self.clone(),
             cuda,
+            capture: Arc::default(),
         })
     }
 
@@ -303,6 +305,8 @@ impl Device {
 pub struct Stream {
     pub(crate) device: Device,
     pub(crate) cuda: Option<Arc<CudaStream>>,
+    /// Graph capture (see `graph`), shared by the stream's clones.
+    pub(crate) capture: Arc<crate::graph::CaptureState>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -328,6 +332,7 @@ impl Stream {
         Ok(Stream {
             device: device.clone(),
             cuda: Some(stream),
+            capture: Arc::default(),
         })
     }
 
@@ -347,8 +352,11 @@ impl Stream {
             .unwrap_or(std::ptr::null_mut())
     }
 
-    /// Waits for everything queued on this stream.
+    /// Waits for everything queued on this stream (an error while it captures a graph).
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        if self.capture.active() {
+            return Err(crate::graph::refused_while_capturing("Stream::synchronize"));
+        }
         match &self.cuda {
             Some(s) => s.synchronize().op("cuStreamSynchronize"),
             None => Ok(()),

@@ -113,6 +113,11 @@ pub enum RuntimeError {
     /// A panic inside the driver bindings, caught (e.g. a missing driver symbol).
     #[error("the CUDA bindings failed: {0}")]
     Bindings(String),
+    /// Graph capture misuse: capture on the interpreter or the legacy default stream, or
+    /// an operation a captured graph cannot replay correctly (a host synchronization, a
+    /// staged upload).
+    #[error("CUDA graph: {0}")]
+    Graph(String),
 }
 
 fn fmt_log(log: &str) -> String {

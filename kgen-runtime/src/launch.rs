@@ -368,6 +368,9 @@ impl Device {
                 if let Some(g) = self.gpu() {
                     g.ctx.bind_to_thread().op("binding the context")?;
                 }
+                if stream.capture.active() {
+                    stream.capture.keep(args);
+                }
                 launch_cuda(k, loaded.func.cu_function(), grid, stream.raw(), args)
             }
             Exec::Interp(func) => run_interpreted(func, grid, &k.compiled.abi.source_params, args),
@@ -383,6 +386,11 @@ impl Device {
         grid: [u32; 3],
         args: &[Arg],
     ) -> Result<f32, RuntimeError> {
+        if stream.capture.active() {
+            return Err(crate::graph::refused_while_capturing(
+                "Device::launch_timed (it synchronizes)",
+            ));
+        }
         match &stream.cuda {
             Some(s) => {
                 let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);

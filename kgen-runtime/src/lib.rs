@@ -29,6 +29,8 @@
 //!   with CUDA events.
 //! - [`autotune`]: benchmark candidate configurations once per shape key, remember the
 //!   winner on disk.
+//! - [`Stream::begin_capture`] / [`Stream::end_capture`]: record a sequence of launches
+//!   into a CUDA [`Graph`] and replay it with one driver call ([`Graph::launch`]).
 //! - [`Gpu`]: the lower-level host-tensor path (`Gpu::run` copies in, launches, copies
 //!   out) used by the self-test.
 //!
@@ -44,6 +46,7 @@ mod device;
 mod disk_cache;
 mod error;
 mod gpu;
+mod graph;
 mod kernel;
 mod launch;
 mod tensor;
@@ -54,6 +57,7 @@ pub use device::{Device, Stream};
 pub use disk_cache::{CacheKey, DiskCache, Lookup};
 pub use error::{ArgError, RuntimeError};
 pub use gpu::{check_grid, driver_present, DeviceInfo, Gpu, LoadedKernel, RunStats};
+pub use graph::Graph;
 pub use kernel::{source_hash, spec_key, CacheStats, Kernel, COMPILER_VERSION};
 pub use launch::{
     alignments, check_args, grid_1d, grid_2d, grid_x, tensor_alignment, Arg, PackedLaunch,

@@ -340,3 +340,19 @@ fn zero_size_tensors_are_contiguous_and_round_trip() {
         assert!(z.to_f64_vec().unwrap().is_empty());
     }
 }
+
+/// Graph capture on the interpreter is a typed error (it runs every launch when queued),
+/// and nothing is left capturing.
+#[test]
+fn graph_capture_on_the_interpreter_is_a_typed_error() {
+    let d = Device::interpreter();
+    let s = d.new_stream().unwrap();
+    let e = s.begin_capture().unwrap_err();
+    assert!(matches!(e, RuntimeError::Graph(_)), "{e}");
+    assert!(e.to_string().contains("need a GPU"), "{e}");
+    assert!(!s.is_capturing());
+    let e = s.end_capture().unwrap_err();
+    assert!(e.to_string().contains("not capturing"), "{e}");
+    // The stream still works.
+    s.synchronize().unwrap();
+}

@@ -836,3 +836,104 @@ fn gpu_warm_launch_host_cost() {
         "  pieces: context check {bind_ns:.0} ns, argument checks {check_ns:.0} ns, packing {pack_ns:.0} ns"
     );
 }
+
+/// A graph captured from a stream replays its launches, in order, with whatever the
+/// tensors hold when it runs; it keeps the tensors of its launches alive after their
+/// handles are dropped; what a capture cannot hold (the legacy default stream, a host
+/// synchronization, a timed launch, a staged upload, a second begin) is a typed error
+/// that leaves the capture usable.
+#[test]
+fn gpu_graph_capture_replays_launches_and_keeps_their_tensors() {
+    let Some(d) = gpu_or_skip("gpu_graph_capture_replays_launches_and_keeps_their_tensors") else {
+        return;
+    };
+    let n = 1000;
+    let (t, k) = axpy_setup(&d, n, true);
+    let grid = grid_1d(n, 256).unwrap();
+    let e = d.stream().begin_capture().unwrap_err();
+    assert!(e.to_string().contains("default stream"), "{e}");
+
+    let s = d.new_stream().unwrap();
+    let x = t[0].to_f64_vec().unwrap();
+    let y = t[1].to_f64_vec().unwrap();
+    // out2 = 2 * out + y, out = x + y: two launches, the second reading the first.
+    let out2 = d.empty(DType::F32, &[n]).unwrap();
+    s.wait_for(&d.stream()).unwrap();
+    s.begin_capture().unwrap();
+    assert!(s.is_capturing());
+    assert!(matches!(s.begin_capture(), Err(RuntimeError::Graph(_))));
+    d.launch(&s, &k, grid, &axpy_args(&t)).unwrap();
+    let second = [
+        Arg::from(2.0f32),
+        (&t[2]).into(),
+        (&t[1]).into(),
+        (&out2).into(),
+    ];
+    d.launch(&s, &k, grid, &second).unwrap();
+    for e in [
+        s.synchronize().unwrap_err(),
+        d.launch_timed(&s, &k, grid, &axpy_args(&t)).unwrap_err(),
+        s.upload_f32_async(&t[0], &vec![0.0; n]).unwrap_err(),
+    ] {
+        assert!(matches!(e, RuntimeError::Graph(_)), "{e}");
+    }
+    let g = s.end_capture().unwrap();
+    assert!(!s.is_capturing());
+    assert_eq!(g.launches(), 2);
+    // Nothing ran at capture: out2 still holds what `empty` gave; poison it to be sure.
+    out2.copy_from_host(&kgen_core::host::HostTensor::from_f64(
+        DType::F32,
+        &[n],
+        &vec![f64::NAN; n],
+    ))
+    .unwrap();
+    s.wait_for(&d.stream()).unwrap();
+    let want = |x: &[f64], y: &[f64]| -> Vec<f64> {
+        x.iter()
+            .zip(y)
+            .map(|(a, b)| {
+                let out = (*a as f32 + *b as f32) as f64;
+                (2.0 * out as f32 + *b as f32) as f64
+            })
+            .collect()
+    };
+    g.launch().unwrap();
+    s.synchronize().unwrap();
+    let got = out2.to_f64_vec().unwrap();
+    let w = want(&x, &y);
+    for i in 0..n {
+        assert!(
+            (got[i] - w[i]).abs() <= 1e-5 * w[i].abs().max(1.0),
+            "{i}: {} vs {}",
+            got[i],
+            w[i]
+        );
+    }
+    // New contents of x: the replay reads them. Then the user's handles go away; the
+    // graph keeps x, y and out alive.
+    let x2: Vec<f64> = x.iter().map(|v| v * -0.5 + 0.25).collect();
+    t[0].copy_from_host(&kgen_core::host::HostTensor::from_f64(
+        DType::F32,
+        &[n],
+        &x2,
+    ))
+    .unwrap();
+    s.wait_for(&d.stream()).unwrap();
+    drop(t);
+    drop(k);
+    g.launch().unwrap();
+    g.launch().unwrap();
+    s.synchronize().unwrap();
+    let got = out2.to_f64_vec().unwrap();
+    let w = want(&x2, &y);
+    for i in 0..n {
+        assert!(
+            (got[i] - w[i]).abs() <= 1e-5 * w[i].abs().max(1.0),
+            "{i}: {} vs {}",
+            got[i],
+            w[i]
+        );
+    }
+    drop(g);
+    d.synchronize().unwrap();
+}

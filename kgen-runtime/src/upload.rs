@@ -92,6 +92,12 @@ pub(crate) fn upload_async(
     dst: &Tensor,
     bytes: &[u8],
 ) -> Result<(), RuntimeError> {
+    if stream.capture.active() {
+        // A replay would copy whatever the staging slot holds by then.
+        return Err(crate::graph::refused_while_capturing(
+            "Stream::upload_async",
+        ));
+    }
     if !stream.device.same(dst.device()) {
         return Err(RuntimeError::WrongDevice(
             "upload_async: the tensor is on another device than the stream".into(),

@@ -527,12 +527,18 @@ pub struct LaunchCost {
     pub bare_us: Option<f64>,
     /// `Ops::relu_into` (shape checks, kernel-map lookup, `Device::launch`): host µs.
     pub op_us: f64,
+    /// The same launches recorded into a CUDA graph ([`kgen_runtime::Graph`]) and
+    /// replayed: host µs per `Graph::launch` (one `cuGraphLaunch` of `launches` kernels)
+    /// and per kernel in it. None on the interpreter.
+    pub graph: Option<(f64, f64)>,
 }
 
 /// [`LaunchCost`] of a one-block kernel (relu over 1024 f32): `rounds` rounds of
 /// `launches` launches each, every round queued behind about 5 ms of GPU work (30 relu
-/// launches over 64 Mi f32) so that the GPU never catches up with the host; the three
-/// kinds of launch are interleaved round by round; medians over rounds.
+/// launches over 64 Mi f32) so that the GPU never catches up with the host; the kinds
+/// of launch are interleaved round by round; medians over rounds. The graph rounds time
+/// 10 replays of a graph of `launches` launches (on its own stream, so they queue
+/// behind nothing: the host cost of `cuGraphLaunch` does not depend on it).
 pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCost, OpError> {
     let dev = ops.device();
     let x = filled(dev, DType::F32, &[1024], normal(1.0), 11)?;
@@ -585,7 +591,20 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
         ops.launch(&k, grid, &args)?;
         ops.relu_into(&x, &y)?;
     }
-    let (mut ours, mut bare, mut op) = (Vec::new(), Vec::new(), Vec::new());
+    // The graph: `launches` launches of the kernel, captured on a stream of their own.
+    let graph = if dev.is_gpu() {
+        let s = dev.new_stream()?;
+        s.begin_capture()?;
+        let captured = (0..launches).try_for_each(|_| dev.launch(&s, &k, grid, &args));
+        let g = s.end_capture()?;
+        captured?;
+        Some(g)
+    } else {
+        None
+    };
+    const GRAPH_CALLS: usize = 10;
+    let (mut ours, mut bare, mut op, mut graph_us) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
         ours.push(round(&mut || ops.launch(&k, grid, &args))?);
         if let Some(p) = packed.as_mut() {
@@ -594,6 +613,16 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
             bare.push(round(&mut || Ok(unsafe { p.launch() }?))?);
         }
         op.push(round(&mut || ops.relu_into(&x, &y))?);
+        if let Some(g) = &graph {
+            dev.synchronize()?;
+            busy()?;
+            let t = Instant::now();
+            for _ in 0..GRAPH_CALLS {
+                g.launch()?;
+            }
+            graph_us.push(t.elapsed().as_secs_f64() * 1e6 / GRAPH_CALLS as f64);
+            dev.synchronize()?;
+        }
     }
     let median = |mut v: Vec<f64>| -> f64 {
         v.sort_by(f64::total_cmp);
@@ -605,6 +634,10 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
         launch_us: median(ours),
         bare_us: (!bare.is_empty()).then(|| median(bare)),
         op_us: median(op),
+        graph: (!graph_us.is_empty()).then(|| {
+            let per_graph = median(graph_us);
+            (per_graph, per_graph / launches.max(1) as f64)
+        }),
     })
 }
 

@@ -153,10 +153,21 @@ pub fn bench(a: BenchArgs) -> CliResult {
                     .bare_us
                     .map(|b| format!("{b:.2} us (kgen's own share {:.2} us)", c.launch_us - b))
                     .unwrap_or_else(|| "-".into());
+                let graph = c
+                    .graph
+                    .map(|(g, per)| {
+                        format!(
+                            "; the {} launches as one CUDA graph: {g:.2} us per Graph::launch, \
+                             {per:.3} us per kernel",
+                            c.launches
+                        )
+                    })
+                    .unwrap_or_default();
                 extra_lines.push(format!(
                     "launch cost (host, GPU kept busy; median of {} rounds of {} launches of a \
                      1-block kernel): Device::launch {:.2} us; bare cuLaunchKernel {bare}; \
-                     Ops::relu_into {:.2} us; target <= {LAUNCH_TARGET_US} us: {}",
+                     Ops::relu_into {:.2} us{graph}; target <= {LAUNCH_TARGET_US} us \
+                     (Device::launch): {}",
                     c.rounds,
                     c.launches,
                     c.launch_us,
@@ -171,7 +182,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
                     "launch_cost".into(),
                     json!({"launches": c.launches, "rounds": c.rounds,
                            "launch_us": c.launch_us, "bare_cuLaunchKernel_us": c.bare_us,
-                           "op_us": c.op_us, "target_us": LAUNCH_TARGET_US}),
+                           "op_us": c.op_us, "target_us": LAUNCH_TARGET_US,
+                           "graph_launch_us": c.graph.map(|g| g.0),
+                           "graph_us_per_kernel": c.graph.map(|g| g.1)}),
                 );
             }
             Err(e) => {

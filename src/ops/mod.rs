@@ -18,7 +18,7 @@
 //!
 //! Files: `norm` (RMSNorm, LayerNorm fwd/bwd), `act` (SwiGLU, ReLU fwd/bwd), `rope`,
 //! `loss` (softmax, cross-entropy), `linear` (matmul), and [`crate::optim`] (AdamW,
-//! gradient norm and clipping).
+//! gradient norm and clipping); `capture` checks ops recorded into a CUDA graph.
 
 use kgen_core::types::DType;
 use kgen_core::{CompileOptions, SourceFile};
@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 pub mod act;
+pub mod capture;
 pub mod linear;
 pub mod loss;
 pub mod norm;
@@ -261,5 +262,6 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
     v.extend(rope::gpu_checks(device));
     v.extend(loss::gpu_checks(device));
     v.extend(crate::optim::gpu_checks(device));
+    v.extend(capture::gpu_checks(device));
     v
 }

@@ -257,8 +257,10 @@ impl Ops {
     /// Runs one of several launch configurations: `run(i, timed)` launches candidate `i`
     /// (`timed`: through `launch_timed`, returning ms). On a GPU with tuning enabled the
     /// first call per (op, shape key) times every candidate and keeps the fastest; else
-    /// candidate 0. Candidates that fail to build are skipped while tuning. Returns the
-    /// index launched.
+    /// candidate 0. Candidates that fail to build are skipped while tuning. While the
+    /// stream captures a graph nothing is timed (timing synchronizes): the choice made
+    /// earlier for this shape, on disk or in memory, else candidate 0. Returns the index
+    /// launched.
     pub(crate) fn launch_tuned(
         &self,
         op: &str,
@@ -272,6 +274,13 @@ impl Ops {
             let memo_key = format!("{op}|{shape_key}");
             match self.tuned_memo(&memo_key, labels) {
                 Some(i) => i,
+                None if self.stream().is_capturing() => {
+                    let key = kgen_runtime::autotune::Autotuner::key(op, self.device(), shape_key);
+                    self.tuner()
+                        .stored(&key)
+                        .and_then(|l| labels.iter().position(|x| *x == l))
+                        .unwrap_or(0)
+                }
                 None => {
                     let i = self
                         .tuner()

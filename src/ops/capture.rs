@@ -1,0 +1,161 @@
+//! Ops captured into a CUDA graph ([`kgen_runtime::Stream::begin_capture`]): the
+//! self-test's check that a training step's forward, recorded once, replays like the
+//! same ops launched one by one.
+
+use super::norm::{poisoned_on, random_on};
+use super::{OpError, Ops};
+use kgen_core::types::DType;
+use kgen_runtime::{Device, RuntimeError, Tensor};
+
+/// One check: on a GPU, the forward of a small MLP block with its loss (rmsnorm, matmul,
+/// concatenated SwiGLU, matmul, cross-entropy with ignored targets) captured on a new
+/// stream after an eager warm-up, replayed on fresh inputs against the same ops run
+/// eagerly on those inputs (max relative error over every output); on the interpreter,
+/// that capture is refused with `RuntimeError::Graph`.
+pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
+    vec![(
+        "graph capture: rmsnorm, matmul, swiglu, matmul, cross_entropy replayed vs eager".into(),
+        check_capture(device),
+    )]
+}
+
+/// The block's tensors: inputs (x, w_norm, w_in, w_out, targets) and outputs.
+struct Block {
+    x: Tensor,
+    w_norm: Tensor,
+    w_in: Tensor,
+    w_out: Tensor,
+    targets: Tensor,
+    outputs: [Tensor; 7],
+}
+
+const B: usize = 33;
+const D: usize = 96;
+const F: usize = 80;
+const C: usize = 1003;
+const IGNORE: i64 = -100;
+
+fn outputs(d: &Device) -> Result<[Tensor; 7], String> {
+    let f = DType::F32;
+    Ok([
+        poisoned_on(d, f, &[B, D])?,     // h
+        poisoned_on(d, f, &[B])?,        // rstd
+        poisoned_on(d, f, &[B, 2 * F])?, // u
+        poisoned_on(d, f, &[B, F])?,     // a
+        poisoned_on(d, f, &[B, C])?,     // logits
+        poisoned_on(d, f, &[B, C])?,     // dlogits
+        poisoned_on(d, f, &[1])?,        // loss
+    ])
+}
+
+/// Queues the block's forward and loss on `ops`' stream.
+fn forward(ops: &Ops, b: &Block, row_loss: &Tensor, stats: &Tensor) -> Result<(), OpError> {
+    let [h, rstd, u, a, logits, dlogits, loss] = &b.outputs;
+    ops.rmsnorm_into(&b.x, &b.w_norm, h, rstd, 1e-6)?;
+    ops.matmul_into(h, &b.w_in, u)?;
+    ops.swiglu_concat_into(u, a)?;
+    ops.matmul_into(a, &b.w_out, logits)?;
+    ops.cross_entropy_into(logits, &b.targets, IGNORE, loss, dlogits, row_loss, stats)
+}
+
+fn check_capture(device: &Device) -> Result<f64, String> {
+    let e = |x: OpError| x.to_string();
+    let s = device.new_stream().map_err(|x| x.to_string())?;
+    if !device.is_gpu() {
+        return match s.begin_capture() {
+            Err(RuntimeError::Graph(_)) => Ok(0.0),
+            other => Err(format!(
+                "capture on the interpreter: expected a Graph error, got {other:?}"
+            )),
+        };
+    }
+    let ops = Ops::with_stream(device, s.clone());
+    let mut rng = crate::cases::Rng::new(77);
+    let f = DType::F32;
+    let targets: Vec<i64> = (0..B)
+        .map(|r| {
+            if r % 7 == 3 {
+                IGNORE
+            } else {
+                (rng.next_u64() % C as u64) as i64
+            }
+        })
+        .collect();
+    let block = Block {
+        x: random_on(device, &mut rng, f, &[B, D], None)?.0,
+        w_norm: random_on(device, &mut rng, f, &[D], None)?.0,
+        w_in: random_on(device, &mut rng, f, &[D, 2 * F], None)?.0,
+        w_out: random_on(device, &mut rng, f, &[F, C], None)?.0,
+        targets: device
+            .from_slice(&[B], &targets)
+            .map_err(|x| x.to_string())?,
+        outputs: outputs(device)?,
+    };
+    let row_loss = poisoned_on(device, f, &[B])?;
+    let stats = poisoned_on(device, f, &[2])?;
+    let sync = |s: &kgen_runtime::Stream| s.synchronize().map_err(|x| x.to_string());
+    // Eager warm-up on the stream: compiles, loads and tunes every kernel.
+    s.wait_for(&device.stream()).map_err(|x| x.to_string())?;
+    forward(&ops, &block, &row_loss, &stats).map_err(e)?;
+    sync(&s)?;
+    s.begin_capture().map_err(|x| x.to_string())?;
+    let captured = forward(&ops, &block, &row_loss, &stats);
+    let graph = s.end_capture().map_err(|x| x.to_string())?;
+    captured.map_err(e)?;
+    if graph.launches() < 5 {
+        return Err(format!(
+            "{} launches captured, expected >= 5",
+            graph.launches()
+        ));
+    }
+    // New inputs and poisoned outputs, then the replay.
+    let x2: Vec<f64> = (0..B * D).map(|_| rng.normalish() * 1.5).collect();
+    block
+        .x
+        .copy_from_host(&kgen_core::host::HostTensor::from_f64(f, &[B, D], &x2))
+        .map_err(|x| x.to_string())?;
+    for t in &block.outputs {
+        let n = t.numel();
+        t.copy_from_host(&kgen_core::host::HostTensor::from_f64(
+            f,
+            t.shape(),
+            &vec![f64::NAN; n],
+        ))
+        .map_err(|x| x.to_string())?;
+    }
+    s.wait_for(&device.stream()).map_err(|x| x.to_string())?;
+    graph.launch().map_err(|x| x.to_string())?;
+    sync(&s)?;
+    let replayed: Vec<Vec<f64>> = block
+        .outputs
+        .iter()
+        .map(|t| t.to_f64_vec().map_err(|x| x.to_string()))
+        .collect::<Result<_, _>>()?;
+    // The same inputs, eagerly, into fresh outputs.
+    let eager = Block {
+        x: block.x.clone(),
+        w_norm: block.w_norm.clone(),
+        w_in: block.w_in.clone(),
+        w_out: block.w_out.clone(),
+        targets: block.targets.clone(),
+        outputs: outputs(device)?,
+    };
+    s.wait_for(&device.stream()).map_err(|x| x.to_string())?;
+    forward(&ops, &eager, &row_loss, &stats).map_err(e)?;
+    sync(&s)?;
+    let names = ["h", "rstd", "u", "a", "logits", "dlogits", "loss"];
+    let mut worst = 0.0f64;
+    for ((name, got), t) in names.iter().zip(&replayed).zip(&eager.outputs) {
+        let want = t.to_f64_vec().map_err(|x| x.to_string())?;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            if !g.is_finite() || !w.is_finite() {
+                return Err(format!("{name}[{i}]: replay {g}, eager {w}"));
+            }
+            worst = worst.max((g - w).abs() / w.abs().max(1e-3));
+        }
+    }
+    if worst > 1e-5 {
+        return Err(format!("replay differs from eager by {worst:.2e}"));
+    }
+    Ok(worst)
+}
