@@ -888,27 +888,18 @@ fn gpu_graph_capture_replays_launches_and_keeps_their_tensors() {
     ))
     .unwrap();
     s.wait_for(&d.stream()).unwrap();
-    let want = |x: &[f64], y: &[f64]| -> Vec<f64> {
-        x.iter()
-            .zip(y)
-            .map(|(a, b)| {
-                let out = (*a as f32 + *b as f32) as f64;
-                (2.0 * out as f32 + *b as f32) as f64
-            })
-            .collect()
+    // out2 against x and y in f32, as the two launches compute it.
+    let check = |x: &[f64], y: &[f64]| {
+        let got = out2.to_f64_vec().unwrap();
+        for (i, ((g, a), b)) in got.iter().zip(x).zip(y).enumerate() {
+            let out = *a as f32 + *b as f32;
+            let w = (2.0 * out + *b as f32) as f64;
+            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{i}: {g} vs {w}");
+        }
     };
     g.launch().unwrap();
     s.synchronize().unwrap();
-    let got = out2.to_f64_vec().unwrap();
-    let w = want(&x, &y);
-    for i in 0..n {
-        assert!(
-            (got[i] - w[i]).abs() <= 1e-5 * w[i].abs().max(1.0),
-            "{i}: {} vs {}",
-            got[i],
-            w[i]
-        );
-    }
+    check(&x, &y);
     // New contents of x: the replay reads them. Then the user's handles go away; the
     // graph keeps x, y and out alive.
     let x2: Vec<f64> = x.iter().map(|v| v * -0.5 + 0.25).collect();
@@ -924,16 +915,7 @@ fn gpu_graph_capture_replays_launches_and_keeps_their_tensors() {
     g.launch().unwrap();
     g.launch().unwrap();
     s.synchronize().unwrap();
-    let got = out2.to_f64_vec().unwrap();
-    let w = want(&x2, &y);
-    for i in 0..n {
-        assert!(
-            (got[i] - w[i]).abs() <= 1e-5 * w[i].abs().max(1.0),
-            "{i}: {} vs {}",
-            got[i],
-            w[i]
-        );
-    }
+    check(&x2, &y);
     drop(g);
     d.synchronize().unwrap();
 }
