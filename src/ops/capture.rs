@@ -10,8 +10,9 @@ use kgen_runtime::{Device, RuntimeError, Tensor};
 /// One check: on a GPU, the forward of a small MLP block with its loss (rmsnorm, matmul,
 /// concatenated SwiGLU, matmul, cross-entropy with ignored targets) captured on a new
 /// stream after an eager warm-up, replayed on fresh inputs against the same ops run
-/// eagerly on those inputs (max relative error over every output); on the interpreter,
-/// that capture is refused with `RuntimeError::Graph`.
+/// eagerly on those inputs (max relative error over every output), and `AdamW::step`
+/// refused inside a capture; on the interpreter, capture is refused with
+/// `RuntimeError::Graph`.
 pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
     vec![(
         "graph capture: rmsnorm, matmul, swiglu, matmul, cross_entropy replayed vs eager".into(),
@@ -107,6 +108,30 @@ fn check_capture(device: &Device) -> Result<f64, String> {
             "{} launches captured, expected >= 5",
             graph.launches()
         ));
+    }
+    // AdamW's step is refused inside a capture (a replay would not advance its step).
+    let mut opt = crate::optim::AdamW::new(
+        &ops,
+        f,
+        f,
+        vec![crate::optim::ParamGroup {
+            shapes: vec![vec![D]],
+            ..crate::optim::ParamGroup::new(1e-3)
+        }],
+    )
+    .map_err(e)?;
+    s.begin_capture().map_err(|x| x.to_string())?;
+    let refused = opt.step(&ops);
+    let empty = s.end_capture().map_err(|x| x.to_string())?;
+    match refused {
+        Err(OpError::Runtime(RuntimeError::Graph(_))) if empty.launches() == 0 => {}
+        other => {
+            return Err(format!(
+                "AdamW::step inside a capture: expected a Graph error and nothing \
+                 captured, got {other:?} and {} launches",
+                empty.launches()
+            ))
+        }
     }
     // New inputs and poisoned outputs, then the replay.
     let x2: Vec<f64> = (0..B * D).map(|_| rng.normalish() * 1.5).collect();

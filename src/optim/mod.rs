@@ -513,8 +513,19 @@ impl AdamW {
     /// One AdamW step over every parameter: ONE kernel launch on `ops`' stream (and,
     /// every [`HP_STEPS_MAX`] steps or after a hyperparameter change, one small
     /// asynchronous upload of the hyperparameter table first); no host synchronization.
+    ///
+    /// Not capturable into a CUDA graph ([`RuntimeError::Graph`] while `ops`' stream
+    /// captures): each step reads its own row of bias corrections, which a replay of
+    /// one captured launch would not advance.
     pub fn step(&mut self, ops: &Ops) -> Result<(), OpError> {
         self.check_device(ops)?;
+        if ops.stream().is_capturing() {
+            return Err(OpError::Runtime(RuntimeError::Graph(
+                "AdamW::step cannot be captured: every step reads the bias corrections of \
+                 its own step count, which a replayed launch would not advance"
+                    .into(),
+            )));
+        }
         let t = self.step + 1;
         let nchunks = self.layout.len / self.launch.block;
         if nchunks > 0 {
