@@ -5,7 +5,7 @@
 //! same kernels.
 
 use super::*;
-use crate::optim::{FlatLayout, ParamGroup, HP_COLS};
+use crate::optim::{FlatLayout, ParamGroup, CAP_COLS, HP_COLS};
 
 pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     use DType::*;
@@ -34,6 +34,22 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         (BF16, BF16, &[4097, 3][..], 256, Some(5)),
     ] {
         v.push(adamw_one_group_case(seed, t, s, sizes, block, grid));
+    }
+    // Capturable: t = 1 (the series branch for both betas), 7 and 1000 (beta1's 1 - e^x
+    // branch), a grid-stride grid and one with more blocks than chunks.
+    for &(t, s, groups, block, grid, done) in &[
+        (
+            F32,
+            F32,
+            &[&[1usize, 7][..], &[1000]][..],
+            1024usize,
+            None,
+            0u64,
+        ),
+        (BF16, F32, &[&[4097][..], &[7, 1]], 512, Some(3), 6),
+        (F32, BF16, &[&[1000][..]], 256, Some(9), 999),
+    ] {
+        v.push(adamw_capturable_case(seed, t, s, groups, block, grid, done));
     }
     for &(dt, n, block, grid) in &[
         (F32, 1usize, 1024usize, None),
@@ -142,6 +158,7 @@ pub fn adamw_multi_case(
         table.extend(h.hyper_row(step).iter().map(|&x| x as f64));
     }
     let hp = HostTensor::from_f64(DType::F32, &[groups.len() + 1, HP_COLS], &table);
+    // count and cap: read only when CAPTURABLE (adamw_capturable_case).
     let args = vec![
         ArgValue::Tensor(p),
         ArgValue::Tensor(gr),
@@ -149,6 +166,12 @@ pub fn adamw_multi_case(
         ArgValue::Tensor(v),
         ArgValue::Tensor(block_group),
         ArgValue::Tensor(hp),
+        ArgValue::Tensor(HostTensor::from_f64(DType::I32, &[1], &[0.0])),
+        ArgValue::Tensor(HostTensor::from_f64(
+            DType::F32,
+            &[1, CAP_COLS],
+            &[0.0; CAP_COLS],
+        )),
     ];
     // As adamw.kg: a handful of f32 roundings of values <= 1, plus the update's error
     // where m cancels (and the approximate rsqrt's ~2^-22 on the update, << 5e-6).
@@ -165,7 +188,10 @@ pub fn adamw_multi_case(
             ("S", s.to_string()),
             ("BLOCK", block.to_string()),
         ]),
-        tensor_align: aligns(&["p", "g", "m", "v", "block_group", "hp"], &args),
+        tensor_align: aligns(
+            &["p", "g", "m", "v", "block_group", "hp", "count", "cap"],
+            &args,
+        ),
         grid: [g as u32, 1, 1],
         args,
         outputs: vec![0, 2, 3],
@@ -224,6 +250,73 @@ pub fn adamw_one_group_case(
     case.label = case
         .label
         .replacen("adamw_multi", "adamw_multi ONE_GROUP", 1);
+    case
+}
+
+/// [`adamw_multi_case`] with `CAPTURABLE = true`: the step count comes from the device
+/// counter (`done` steps × the grid before the launch, so t = done + 1 for every group)
+/// and the bias corrections from `cap`'s `[lr, ln(beta1), ln(beta2)]` rows; the table's
+/// bias-correction columns hold NaN (a kernel that read them would fail) and the
+/// counter must come out as (done + 1) × grid.
+pub fn adamw_capturable_case(
+    seed: u64,
+    t: DType,
+    s: DType,
+    groups: &[&[usize]],
+    block: usize,
+    grid: Option<usize>,
+    done: u64,
+) -> Case {
+    let mut case = adamw_multi_case(seed, t, s, groups, block, grid);
+    let g = case.grid[0] as f64;
+    let step = done + 1;
+    let ng = groups.len();
+    // Row 0 the decoy (as the table), then the groups.
+    let hypers: Vec<ParamGroup> = std::iter::once(ParamGroup {
+        betas: (0.5, 0.5),
+        eps: 0.5,
+        weight_decay: 0.5,
+        ..ParamGroup::new(0.5)
+    })
+    .chain((0..ng).map(|gi| group_hyper(gi).0))
+    .collect();
+    let mut hp = tensor_at(&case.args, 5).to_f64_vec();
+    for row in hp.chunks_mut(HP_COLS) {
+        row[6] = f64::NAN;
+        row[7] = f64::NAN;
+    }
+    let cap: Vec<f64> = hypers
+        .iter()
+        .flat_map(|h| [h.lr, h.betas.0.ln(), h.betas.1.ln(), 0.0])
+        .collect();
+    case.args[5] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[ng + 1, HP_COLS], &hp));
+    case.args[6] = ArgValue::Tensor(HostTensor::from_f64(DType::I32, &[1], &[done as f64 * g]));
+    case.args[7] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[ng + 1, CAP_COLS], &cap));
+    case.tensor_align = aligns(
+        &["p", "g", "m", "v", "block_group", "hp", "count", "cap"],
+        &case.args,
+    );
+    // The reference: the table this step would have had, from the f64 hyperparameters.
+    let rows: Vec<f64> = hypers
+        .iter()
+        .flat_map(|h| h.hyper_row(step).map(|x| x as f64))
+        .collect();
+    let table = HostTensor::from_f64(DType::F32, &[ng + 1, HP_COLS], &rows);
+    let multi_reference = std::mem::replace(&mut case.reference, Box::new(|_| Vec::new()));
+    case.reference = Box::new(move |args| {
+        let mut args = args.to_vec();
+        args[5] = ArgValue::Tensor(table.clone());
+        let mut out = multi_reference(&args);
+        out.push(vec![(done + 1) as f64 * g]);
+        out
+    });
+    case.outputs.push(6);
+    case.defines.push(("CAPTURABLE".into(), "true".into()));
+    case.label = case.label.replacen(
+        "adamw_multi",
+        &format!("adamw_multi CAPTURABLE t={step}"),
+        1,
+    );
     case
 }
 

@@ -10,12 +10,13 @@ use kgen_runtime::{Device, RuntimeError, Tensor};
 /// One check: on a GPU, the forward of a small MLP block with its loss (rmsnorm, matmul,
 /// concatenated SwiGLU, matmul, cross-entropy with ignored targets) captured on a new
 /// stream after an eager warm-up, replayed on fresh inputs against the same ops run
-/// eagerly on those inputs (max relative error over every output), and `AdamW::step`
-/// refused inside a capture; on the interpreter, capture is refused with
-/// `RuntimeError::Graph`.
+/// eagerly on those inputs (max relative error over every output); `AdamW::step` refused
+/// inside a capture, and in capturable mode one eager step plus three replays of a
+/// captured step bit-identical to four eager steps; on the interpreter, capture is
+/// refused with `RuntimeError::Graph`.
 pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
     vec![(
-        "graph capture: rmsnorm, matmul, swiglu, matmul, cross_entropy replayed vs eager".into(),
+        "graph capture: rmsnorm, matmul, swiglu, matmul, cross_entropy, capturable AdamW replayed vs eager".into(),
         check_capture(device),
     )]
 }
@@ -109,19 +110,32 @@ fn check_capture(device: &Device) -> Result<f64, String> {
             graph.launches()
         ));
     }
-    // AdamW's step is refused inside a capture (a replay would not advance its step).
-    let mut opt = crate::optim::AdamW::new(
-        &ops,
-        f,
-        f,
-        vec![crate::optim::ParamGroup {
-            shapes: vec![vec![D]],
-            ..crate::optim::ParamGroup::new(1e-3)
-        }],
-    )
-    .map_err(e)?;
+    // AdamW's step: refused inside a capture unless capturable; capturable, one eager
+    // step and three replays of a captured step equal four eager steps.
+    let adamw = || -> Result<crate::optim::AdamW, String> {
+        let opt = crate::optim::AdamW::new(
+            &ops,
+            f,
+            f,
+            vec![crate::optim::ParamGroup {
+                shapes: vec![vec![D, F], vec![C]],
+                ..crate::optim::ParamGroup::new(1e-2)
+            }],
+        )
+        .map_err(e)?;
+        let mut rng = crate::cases::Rng::new(5);
+        for t in [opt.params_flat().clone(), opt.grads_flat().clone()] {
+            let v: Vec<f64> = (0..t.numel()).map(|_| rng.normalish()).collect();
+            t.copy_from_host(&kgen_core::host::HostTensor::from_f64(f, t.shape(), &v))
+                .map_err(|x| x.to_string())?;
+        }
+        s.wait_for(&device.stream()).map_err(|x| x.to_string())?;
+        Ok(opt)
+    };
+    let mut eager = adamw()?;
+    let mut replayed = adamw()?;
     s.begin_capture().map_err(|x| x.to_string())?;
-    let refused = opt.step(&ops);
+    let refused = replayed.step(&ops);
     let empty = s.end_capture().map_err(|x| x.to_string())?;
     match refused {
         Err(OpError::Runtime(RuntimeError::Graph(_))) if empty.launches() == 0 => {}
@@ -132,6 +146,35 @@ fn check_capture(device: &Device) -> Result<f64, String> {
                 empty.launches()
             ))
         }
+    }
+    for opt in [&mut eager, &mut replayed] {
+        opt.set_capturable(&ops, true).map_err(e)?;
+        opt.step(&ops).map_err(e)?;
+    }
+    for _ in 0..3 {
+        eager.step(&ops).map_err(e)?;
+    }
+    s.begin_capture().map_err(|x| x.to_string())?;
+    let captured = replayed.step(&ops);
+    let step_graph = s.end_capture().map_err(|x| x.to_string())?;
+    captured.map_err(e)?;
+    for _ in 0..3 {
+        step_graph.launch().map_err(|x| x.to_string())?;
+    }
+    let read = |t: &Tensor| t.to_f64_vec().map_err(|x| x.to_string());
+    sync(&s)?;
+    let (a, b) = (read(eager.params_flat())?, read(replayed.params_flat())?);
+    if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+        return Err(format!(
+            "capturable AdamW: 4 eager steps vs 1 + 3 replays differ at {i}: {} vs {}",
+            a[i], b[i]
+        ));
+    }
+    let counted = replayed.device_step_count(&ops).map_err(e)?;
+    if counted != 4 {
+        return Err(format!(
+            "capturable AdamW: the device counted {counted} steps, not 4"
+        ));
     }
     // New inputs and poisoned outputs, then the replay.
     let x2: Vec<f64> = (0..B * D).map(|_| rng.normalish() * 1.5).collect();

@@ -65,6 +65,9 @@ pub(crate) struct AdamWCheck {
     /// (step, factor): before that step every group's lr is multiplied by the factor
     /// through `AdamW::set_lr` (a scheduler), in the reference too.
     pub lr_change: Option<(u64, f64)>,
+    /// Capturable mode from this step on (`AdamW::set_capturable` before it): the
+    /// device counts the steps and computes the bias corrections.
+    pub capturable_from: Option<u64>,
 }
 
 /// Per-step relative rounding of a dtype (half an ulp at the bottom of a binade).
@@ -121,6 +124,9 @@ pub(crate) fn check_adamw(device: &Device, c: &AdamWCheck) -> Result<f64, String
     }
     let mut groups = c.groups.clone();
     for t in 1..=c.steps {
+        if c.capturable_from == Some(t) {
+            opt.set_capturable(&ops, true).map_err(e)?;
+        }
         if let Some((at, factor)) = c.lr_change {
             if t == at {
                 for (gi, g) in groups.iter_mut().enumerate() {
@@ -155,6 +161,15 @@ pub(crate) fn check_adamw(device: &Device, c: &AdamWCheck) -> Result<f64, String
             opt.step_count(),
             c.steps
         ));
+    }
+    if c.capturable_from.is_some() {
+        let on_device = opt.device_step_count(&ops).map_err(e)?;
+        if on_device != c.steps {
+            return Err(format!(
+                "the device counted {on_device} steps after {}",
+                c.steps
+            ));
+        }
     }
     let steps = c.steps as f64;
     let rtol = |d: DType| {
@@ -341,6 +356,7 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
                 ..AdamWLaunch::default()
             },
             lr_change: None,
+            capturable_from: None,
         };
         out.push((
             format!("optim AdamW T={t} S={s} grid={grid:?} 2 groups x 5 steps (1 launch/step)"),
@@ -361,11 +377,31 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
         seed: 43,
         launch: AdamWLaunch::default(),
         lr_change: Some((at, 0.25)),
+        capturable_from: None,
     };
     out.push((
         format!("optim AdamW T=f32 1 group x {steps} steps, lr x0.25 at step {at}"),
         check_adamw(device, &c),
     ));
+    // Capturable mode (device step counter, bias corrections on the device), switched on
+    // after 3 steps, with an lr change after that: two groups, f32 and bf16.
+    for &(t, s) in &[(DType::F32, DType::F32), (DType::BF16, DType::F32)] {
+        let lr_scale = if t == DType::F32 { 1.0 } else { 20.0 };
+        let c = AdamWCheck {
+            param: t,
+            state: s,
+            groups: groups(lr_scale),
+            steps: 12,
+            seed: 44,
+            launch: AdamWLaunch::default(),
+            lr_change: Some((9, 0.5)),
+            capturable_from: Some(4),
+        };
+        out.push((
+            format!("optim AdamW T={t} S={s} capturable from step 4, 2 groups x 12 steps"),
+            check_adamw(device, &c),
+        ));
+    }
     let l = GradStatsLaunch::default();
     for &(dt, n, scale, ref inject, max_norm, what) in &[
         (DType::F32, 1_000_003, 1e-2, vec![], 1.0f32, "clipped"),

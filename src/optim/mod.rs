@@ -42,9 +42,11 @@
 //!   issue-bound, 821 us vs 586 us for the bf16 GPT-2 step on an H100).
 //! - States may be f32 while the parameters are f16/bf16 (torch keeps states in the
 //!   parameter dtype); `S = T` gives torch's behaviour.
-//! - Hyperparameters are host numbers (no tensor lr, no `capturable`, `differentiable`,
-//!   `amsgrad`, `grad_scale`/`found_inf`); a [`AdamW::set_lr`] takes effect at the next
-//!   step. Non-finite gradients propagate into p, m, v exactly as in torch; use
+//! - Hyperparameters are host numbers (no tensor lr, `differentiable`, `amsgrad`,
+//!   `grad_scale`/`found_inf`); a [`AdamW::set_lr`] takes effect at the next step.
+//!   [`AdamW::set_capturable`] is torch's `capturable`: the step count lives on the
+//!   device and the kernel computes the bias corrections from it (in f32, as torch's
+//!   capturable path does), so a CUDA graph can replay the step. Non-finite gradients propagate into p, m, v exactly as in torch; use
 //!   [`grad::GradStats`] (its non-finite count) to decide to skip a step.
 //! - Parameters live in one flat buffer (views), so the set of parameters is fixed at
 //!   construction.
@@ -65,6 +67,12 @@ pub use reference::{torch_adamw_step, TorchHyper};
 pub const GROUP_ALIGN: usize = 4096;
 /// Columns of the per-group hyperparameter table (see `kernels-src/optim.kg`).
 pub const HP_COLS: usize = 8;
+/// Columns of the capturable mode's per-group table: `[lr, ln(beta1), ln(beta2), 0]`.
+pub const CAP_COLS: usize = 4;
+/// Capturable mode's grid when the launch names none: this many blocks per SM (a grid-
+/// stride launch, so that the device counter, steps × grid in an i32, lasts 2^31 / grid
+/// steps: a million on an H100).
+pub const CAPTURABLE_BLOCKS_PER_SM: usize = 16;
 /// At most this many steps' hyperparameter rows are uploaded at once.
 pub const HP_STEPS_MAX: usize = 128;
 /// The most param groups (the table is uploaded through the runtime's pinned ring, whose
@@ -278,6 +286,16 @@ pub struct AdamW {
     /// The first step whose rows `hp` holds; None: `hp` is stale (new lr, step count).
     hp_first_step: Option<u64>,
     block_group: Tensor,
+    /// Capturable mode: the device step counter `[1]` i32 (steps done × the grid) and
+    /// per group `[lr, ln(beta1), ln(beta2), 0]` (see `optim.kg`); both are also passed,
+    /// unread, in the normal mode.
+    count: Tensor,
+    cap: Tensor,
+    capturable: bool,
+    /// Capturable mode: the counter value (in steps) and the hyperparameters the next
+    /// step uploads first (after `set_capturable`, `set_lr`, `set_step_count`).
+    pending_count: Option<u64>,
+    cap_stale: bool,
     launch: AdamWLaunch,
     kernel: Option<Arc<Kernel>>,
     step: u64,
@@ -375,6 +393,8 @@ impl AdamW {
         let hp_steps = (kgen_runtime::UPLOAD_ASYNC_MAX_BYTES / row_bytes).clamp(1, HP_STEPS_MAX);
         let hp = device.zeros(DType::F32, &[hp_steps * groups.len(), HP_COLS])?;
         let block_group = upload_block_groups(&device, &layout, launch.block)?;
+        let count = device.zeros(DType::I32, &[1])?;
+        let cap = device.zeros(DType::F32, &[groups.len(), CAP_COLS])?;
         Ok(AdamW {
             device,
             param_dtype,
@@ -390,6 +410,11 @@ impl AdamW {
             hp_steps,
             hp_first_step: None,
             block_group,
+            count,
+            cap,
+            capturable: false,
+            pending_count: None,
+            cap_stale: false,
             launch,
             kernel: None,
             step: 0,
@@ -455,10 +480,72 @@ impl AdamW {
         self.step
     }
 
-    /// Sets the step counter (resuming from a checkpoint).
+    /// Sets the step counter (resuming from a checkpoint). In capturable mode the device
+    /// counter is set by the next step (an asynchronous upload before its launch).
     pub fn set_step_count(&mut self, step: u64) {
         self.step = step;
         self.hp_first_step = None;
+        if self.capturable {
+            self.pending_count = Some(step);
+        }
+    }
+
+    /// Capturable mode on or off (torch's `capturable`). On: the step count lives on the
+    /// device (each launch advances it) and the kernel computes the bias corrections from
+    /// it, so [`AdamW::step`] may be captured into a CUDA graph and replayed; the next
+    /// step outside a capture uploads the counter and the hyperparameters first (a step
+    /// inside a capture with those pending is an error: run one step eagerly first).
+    /// [`AdamW::step_count`] then counts `step` calls only;
+    /// [`AdamW::device_step_count`] reads the device's. Off: reads the device count back
+    /// (one host synchronization) and continues from it. The grid must stay fixed while
+    /// capturable ([`AdamW::set_launch`] is refused); the device counter holds steps ×
+    /// grid in an i32, so at most 2^31 / grid steps (a million at the default grid of
+    /// [`CAPTURABLE_BLOCKS_PER_SM`] blocks per SM).
+    pub fn set_capturable(&mut self, ops: &Ops, on: bool) -> Result<(), OpError> {
+        self.check_device(ops)?;
+        if on == self.capturable {
+            return Ok(());
+        }
+        if on {
+            self.capturable = true;
+            self.pending_count = Some(self.step);
+            self.cap_stale = true;
+        } else {
+            self.step = self.device_step_count(ops)?;
+            self.capturable = false;
+            self.pending_count = None;
+            self.hp_first_step = None;
+        }
+        self.kernel = None;
+        Ok(())
+    }
+
+    pub fn capturable(&self) -> bool {
+        self.capturable
+    }
+
+    /// The steps taken as the device counts them (capturable mode: graph replays
+    /// included; one host synchronization), else [`AdamW::step_count`].
+    pub fn device_step_count(&self, ops: &Ops) -> Result<u64, OpError> {
+        if !self.capturable {
+            return Ok(self.step);
+        }
+        if let Some(s) = self.pending_count {
+            return Ok(s);
+        }
+        ops.stream().synchronize()?;
+        let c = self.count.to_vec::<i32>()?[0];
+        let grid = self.capturable_grid(ops) as i64;
+        Ok((c as i64 / grid).max(0) as u64)
+    }
+
+    /// The grid of a capturable step (fixed for a given optimizer and device).
+    fn capturable_grid(&self, ops: &Ops) -> usize {
+        let nchunks = (self.layout.len / self.launch.block).max(1);
+        self.launch
+            .grid
+            .unwrap_or(CAPTURABLE_BLOCKS_PER_SM * ops.sm_count())
+            .clamp(1, nchunks)
     }
 
     /// Kernel launches issued by [`AdamW::step`] so far (one per step with any
@@ -485,6 +572,7 @@ impl AdamW {
             return Err(e);
         }
         self.hp_first_step = None;
+        self.cap_stale = true;
         Ok(())
     }
 
@@ -496,6 +584,13 @@ impl AdamW {
     /// group table, synchronously: call it at setup time, not per step.
     pub fn set_launch(&mut self, launch: AdamWLaunch) -> Result<(), OpError> {
         check_block(launch.block)?;
+        if self.capturable {
+            return Err(OpError::Runtime(RuntimeError::LaunchConfig(
+                "AdamW: the launch cannot change in capturable mode (the device step \
+                 counter counts in grids); set_capturable(false) first"
+                    .into(),
+            )));
+        }
         if launch.block != self.launch.block {
             self.block_group = upload_block_groups(&self.device, &self.layout, launch.block)?;
         }
@@ -514,15 +609,20 @@ impl AdamW {
     /// every [`HP_STEPS_MAX`] steps or after a hyperparameter change, one small
     /// asynchronous upload of the hyperparameter table first); no host synchronization.
     ///
-    /// Not capturable into a CUDA graph ([`RuntimeError::Graph`] while `ops`' stream
-    /// captures): each step reads its own row of bias corrections, which a replay of
-    /// one captured launch would not advance.
+    ///
+    /// Capturing it into a CUDA graph needs capturable mode ([`AdamW::set_capturable`]);
+    /// otherwise it is a [`RuntimeError::Graph`]: each step reads the bias corrections of
+    /// its own step count, which a replayed launch would not advance.
     pub fn step(&mut self, ops: &Ops) -> Result<(), OpError> {
         self.check_device(ops)?;
+        if self.capturable {
+            return self.capturable_step(ops);
+        }
         if ops.stream().is_capturing() {
             return Err(OpError::Runtime(RuntimeError::Graph(
                 "AdamW::step cannot be captured: every step reads the bias corrections of \
-                 its own step count, which a replayed launch would not advance"
+                 its own step count, which a replayed launch would not advance \
+                 (AdamW::set_capturable makes it capturable)"
                     .into(),
             )));
         }
@@ -548,23 +648,83 @@ impl AdamW {
                 }
             };
             let hp = self.hp.narrow(0, (t - first) as usize * ng, ng)?;
-            let kernel = self.kernel(ops)?;
-            let grid = grid_x(self.launch.grid.map_or(nchunks, |g| g.clamp(1, nchunks)))?;
-            ops.launch(
-                &kernel,
-                grid,
-                &[
-                    Arg::from(&self.p),
-                    Arg::from(&self.g),
-                    Arg::from(&self.m),
-                    Arg::from(&self.v),
-                    Arg::from(&self.block_group),
-                    Arg::from(&hp),
-                ],
-            )?;
-            self.step_launches += 1;
+            let grid = self.launch.grid.map_or(nchunks, |g| g.clamp(1, nchunks));
+            self.launch_step(ops, &hp, grid)?;
         }
         self.step = t;
+        Ok(())
+    }
+
+    /// A capturable step: the uploads pending since `set_capturable` / `set_lr` /
+    /// `set_step_count` (not inside a capture), then the launch, which advances the
+    /// device's step counter.
+    fn capturable_step(&mut self, ops: &Ops) -> Result<(), OpError> {
+        let nchunks = self.layout.len / self.launch.block;
+        let grid = self.capturable_grid(ops);
+        if self.cap_stale || self.pending_count.is_some() {
+            if ops.stream().is_capturing() {
+                return Err(OpError::Runtime(RuntimeError::Graph(
+                    "AdamW (capturable): the step count or hyperparameters changed; run one \
+                     step outside the capture first, which uploads them"
+                        .into(),
+                )));
+            }
+            if self.cap_stale {
+                let ng = self.groups.len();
+                let mut rows = Vec::with_capacity(ng * HP_COLS);
+                let mut cap = Vec::with_capacity(ng * CAP_COLS);
+                for g in &self.groups {
+                    // Columns 6 and 7 (the bias corrections) are not read in this mode.
+                    rows.extend_from_slice(&g.hyper_row(1));
+                    let (b1, b2) = g.betas;
+                    cap.extend_from_slice(&[g.lr as f32, b1.ln() as f32, b2.ln() as f32, 0.0]);
+                }
+                let hp = self.hp.narrow(0, 0, ng)?;
+                ops.stream().upload_f32_async(&hp, &rows)?;
+                ops.stream().upload_f32_async(&self.cap, &cap)?;
+                self.hp_first_step = None;
+                self.cap_stale = false;
+            }
+            if let Some(steps) = self.pending_count.take() {
+                let c = steps
+                    .checked_mul(grid as u64)
+                    .filter(|&c| c <= i32::MAX as u64);
+                let Some(c) = c else {
+                    return Err(OpError::Runtime(RuntimeError::LaunchConfig(format!(
+                        "AdamW (capturable): step {steps} x grid {grid} overflows the \
+                         device's i32 step counter"
+                    ))));
+                };
+                let bytes = (c as i32).to_le_bytes();
+                ops.stream().upload_async(&self.count, &bytes)?;
+            }
+        }
+        if nchunks > 0 {
+            let hp = self.hp.narrow(0, 0, self.groups.len())?;
+            self.launch_step(ops, &hp, grid)?;
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    /// Launches `adamw_multi` once over every chunk.
+    fn launch_step(&mut self, ops: &Ops, hp: &Tensor, grid: usize) -> Result<(), OpError> {
+        let kernel = self.kernel(ops)?;
+        ops.launch(
+            &kernel,
+            grid_x(grid)?,
+            &[
+                Arg::from(&self.p),
+                Arg::from(&self.g),
+                Arg::from(&self.m),
+                Arg::from(&self.v),
+                Arg::from(&self.block_group),
+                Arg::from(hp),
+                Arg::from(&self.count),
+                Arg::from(&self.cap),
+            ],
+        )?;
+        self.step_launches += 1;
         Ok(())
     }
 
@@ -619,6 +779,7 @@ impl AdamW {
                 ("S", self.state_dtype.to_string()),
                 ("BLOCK", self.launch.block.to_string()),
                 ("ONE_GROUP", (self.groups.len() == 1).to_string()),
+                ("CAPTURABLE", self.capturable.to_string()),
             ],
             self.launch.num_warps,
             &[
@@ -628,6 +789,8 @@ impl AdamW {
                 ("v", &self.v),
                 ("block_group", &self.block_group),
                 ("hp", &self.hp),
+                ("count", &self.count),
+                ("cap", &self.cap),
             ],
         )?;
         self.kernel = Some(k.clone());

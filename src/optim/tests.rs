@@ -40,6 +40,7 @@ fn adamw_case(param: DType, state: DType, launch: AdamWLaunch) -> AdamWCheck {
         seed: 3,
         launch,
         lr_change: None,
+        capturable_from: None,
     }
 }
 
@@ -80,6 +81,7 @@ fn adamw_long_trajectory_with_lr_change() {
         seed: 9,
         launch: AdamWLaunch::default(),
         lr_change: Some((HP_STEPS_MAX as u64 + 17, 0.25)),
+        capturable_from: None,
     });
 }
 
@@ -124,6 +126,61 @@ fn adamw_grid_stride_and_other_blocks() {
     ] {
         run(&adamw_case(DType::F32, DType::F32, launch));
     }
+}
+
+/// Capturable mode (torch's `capturable`): the device counts the steps and computes the
+/// bias corrections in f32; the trajectory still matches torch's in f64. Switched on at
+/// step 1 or mid-run, with an lr change while on, for f32 and bf16 parameters and a
+/// grid-stride launch; switching off resumes from the device's count.
+#[test]
+fn adamw_capturable_trajectories() {
+    for (param, state, from, launch) in [
+        (DType::F32, DType::F32, 1, AdamWLaunch::default()),
+        (DType::BF16, DType::F32, 4, AdamWLaunch::default()),
+        (
+            DType::F32,
+            DType::BF16,
+            2,
+            AdamWLaunch {
+                block: 256,
+                grid: Some(3),
+                num_warps: None,
+            },
+        ),
+    ] {
+        run(&AdamWCheck {
+            steps: 12,
+            lr_change: Some((8, 0.5)),
+            capturable_from: Some(from),
+            ..adamw_case(param, state, launch)
+        });
+    }
+}
+
+/// Capturable mode: the launch is fixed while it is on, switching off reads the
+/// device's count back, and a step inside a capture needs it.
+#[test]
+fn adamw_capturable_mode_switches() {
+    let d = Device::interpreter();
+    let ops = Ops::new(&d);
+    let mut opt = AdamW::new(&ops, DType::F32, DType::F32, two_groups(1.0)).unwrap();
+    opt.step(&ops).unwrap();
+    opt.set_capturable(&ops, true).unwrap();
+    assert!(opt.capturable());
+    let e = opt.set_launch(AdamWLaunch::default()).unwrap_err();
+    assert!(e.to_string().contains("capturable"), "{e}");
+    // The counter is uploaded by the next step: until then the device count is pending.
+    assert_eq!(opt.device_step_count(&ops).unwrap(), 1);
+    for _ in 0..3 {
+        opt.step(&ops).unwrap();
+    }
+    assert_eq!(opt.device_step_count(&ops).unwrap(), 4);
+    opt.set_step_count(10);
+    opt.step(&ops).unwrap();
+    assert_eq!(opt.device_step_count(&ops).unwrap(), 11);
+    opt.set_capturable(&ops, false).unwrap();
+    assert_eq!(opt.step_count(), 11);
+    opt.set_launch(AdamWLaunch::default()).unwrap();
 }
 
 /// The check itself must be able to fail: a wrong hyperparameter in the reference's
