@@ -35,8 +35,9 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     ] {
         v.push(adamw_one_group_case(seed, t, s, sizes, block, grid));
     }
-    // Capturable: t = 1 (the series branch for both betas), 7 and 1000 (beta1's 1 - e^x
-    // branch), a grid-stride grid and one with more blocks than chunks.
+    // Capturable: t = 2 (the series branch for both betas; t = 1 from a zero counter is
+    // in the optimizer's tests), 7 and 1000 (beta1's 1 - e^x branch), a grid-stride grid
+    // and one with more blocks than chunks.
     for &(t, s, groups, block, grid, done) in &[
         (
             F32,
@@ -44,7 +45,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             &[&[1usize, 7][..], &[1000]][..],
             1024usize,
             None,
-            0u64,
+            1u64,
         ),
         (BF16, F32, &[&[4097][..], &[7, 1]], 512, Some(3), 6),
         (F32, BF16, &[&[1000][..]], 256, Some(9), 999),
@@ -158,7 +159,8 @@ pub fn adamw_multi_case(
         table.extend(h.hyper_row(step).iter().map(|&x| x as f64));
     }
     let hp = HostTensor::from_f64(DType::F32, &[groups.len() + 1, HP_COLS], &table);
-    // count and cap: read only when CAPTURABLE (adamw_capturable_case).
+    // count and cap: read only when CAPTURABLE (adamw_capturable_case); nonzero like
+    // every input of the table.
     let args = vec![
         ArgValue::Tensor(p),
         ArgValue::Tensor(gr),
@@ -166,11 +168,11 @@ pub fn adamw_multi_case(
         ArgValue::Tensor(v),
         ArgValue::Tensor(block_group),
         ArgValue::Tensor(hp),
-        ArgValue::Tensor(HostTensor::from_f64(DType::I32, &[1], &[0.0])),
+        ArgValue::Tensor(HostTensor::from_f64(DType::I32, &[1], &[1.0])),
         ArgValue::Tensor(HostTensor::from_f64(
             DType::F32,
             &[1, CAP_COLS],
-            &[0.0; CAP_COLS],
+            &[1.0; CAP_COLS],
         )),
     ];
     // As adamw.kg: a handful of f32 roundings of values <= 1, plus the update's error
@@ -256,7 +258,7 @@ pub fn adamw_one_group_case(
 /// [`adamw_multi_case`] with `CAPTURABLE = true`: the step count comes from the device
 /// counter (`done` steps × the grid before the launch, so t = done + 1 for every group)
 /// and the bias corrections from `cap`'s `[lr, ln(beta1), ln(beta2)]` rows; the table's
-/// bias-correction columns hold NaN (a kernel that read them would fail) and the
+/// bias-correction columns hold 1e30 (a kernel that read them would fail) and the
 /// counter must come out as (done + 1) × grid.
 pub fn adamw_capturable_case(
     seed: u64,
@@ -282,12 +284,12 @@ pub fn adamw_capturable_case(
     .collect();
     let mut hp = tensor_at(&case.args, 5).to_f64_vec();
     for row in hp.chunks_mut(HP_COLS) {
-        row[6] = f64::NAN;
-        row[7] = f64::NAN;
+        row[6] = 1e30;
+        row[7] = 1e30;
     }
     let cap: Vec<f64> = hypers
         .iter()
-        .flat_map(|h| [h.lr, h.betas.0.ln(), h.betas.1.ln(), 0.0])
+        .flat_map(|h| [h.lr, h.betas.0.ln(), h.betas.1.ln(), 1.0])
         .collect();
     case.args[5] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[ng + 1, HP_COLS], &hp));
     case.args[6] = ArgValue::Tensor(HostTensor::from_f64(DType::I32, &[1], &[done as f64 * g]));

@@ -1,8 +1,7 @@
 //! The PTX back end: layout assignment, lowering to PTX instructions, and one printer.
 //!
 //! ```text
-//!   ir::Function ──assign──▶ layouts ──limits──▶ lower ──const_divisors──▶ dead_code
-//!                ──▶ isa::Module ──writer──▶ text
+//!   ir::Function ──assign──▶ layouts ──limits──▶ lower ──dead_code──▶ isa::Module ──writer──▶ text
 //! ```
 //!
 //! Assumes: validated IR (`valid::validate` gave the `ModuleInfo`). Guarantees: a
@@ -14,7 +13,6 @@
 
 pub mod assign;
 pub mod axis;
-pub mod const_divisors;
 pub mod dead_code;
 pub mod isa;
 pub mod layout;
@@ -164,8 +162,6 @@ pub fn write(
     });
     let entry = func.name.clone();
     let mut body = lowered.body;
-    let mut reg_counts = lowered.reg_counts;
-    const_divisors::reduce_constant_divisions(&mut body, &mut reg_counts);
     dead_code::remove_dead_instructions(&mut body);
     let module = isa::Module {
         version: target.ptx_version,
@@ -181,7 +177,7 @@ pub fn write(
             .collect(),
         max_ntid: threads,
         min_ctas_per_sm: spec.min_blocks_per_sm,
-        reg_counts,
+        reg_counts: lowered.reg_counts,
         shared,
         cluster: info.cluster_size.map(|c| (c, lowered.cluster_slots)),
         body,
