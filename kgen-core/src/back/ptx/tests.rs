@@ -296,6 +296,10 @@ pub fn assemble(ptx: &str, arch: &str, name: &str) -> Option<String> {
     };
     let dir = std::env::temp_dir().join(format!("kgen-back-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
+    // Unique per call: tests run in parallel and several name their kernel `k`.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("{name}_{n}");
     let file = dir.join(format!("{name}_{arch}.ptx"));
     std::fs::write(&file, ptx).expect("write ptx");
     let out = std::process::Command::new(ptxas)
@@ -604,7 +608,23 @@ fn gather_scatter_atomic_add() {
     );
     k.store(dst, vec![i], old);
     let f = k.finish();
-    let ptx = compile_both(&f, 4);
+    // The [200] f32 tile takes 4 elements per thread: 64 of the 128 threads cover it
+    // and the rest repeat it, so the old values would miss half the threads: refused.
+    let e = write(
+        &f,
+        &ModuleInfo::default(),
+        &Arch::Sm90a.target(),
+        &spec(&f.name, 4),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("returned old values are not supported"),
+        "{e}"
+    );
+    // At 2 warps the tile covers every thread once: compiled, with `atom` for the used
+    // old values and `red` for the unused ones.
+    let ptx = compile_both(&f, 2);
     assert!(ptx.contains("red.global.add.s32"), "{ptx}");
     assert!(ptx.contains("atom.global.add.f32"), "{ptx}");
 }

@@ -14,7 +14,9 @@
 //!   Out-of-bounds (`setp.lt.u32` also rejects negative coordinates), padded slots of
 //!   non-power-of-two tiles, masked-off elements and, for writes, every replica but one
 //!   are predicated off.
-//! - `atomic_add` uses `atom.global.add` (`red` when the result is unused).
+//! - `atomic_add` uses `atom.global.add` (`red` when the result is unused). On a
+//!   replicated layout (a tile smaller than the block) one copy adds; using the returned
+//!   old values there is `Unsupported` (they would reach that copy's thread only).
 //! - A global access (tile or per element; not atomics) with an eviction policy other
 //!   than the default carries
 //!   `.L2::cache_hint` and the policy register, made once per policy in the prologue
@@ -816,6 +818,18 @@ impl Lowerer<'_> {
         }
         let write = value.is_some();
         let replica = if write { self.replica0(&lin) } else { None };
+        if atomic && replica.is_some() && res.is_some_and(|r| self.is_used(r)) {
+            // One copy of each element adds (the others would add again); its old value
+            // would reach only that copy's thread.
+            return Err(unsupported(
+                span,
+                "`atomic_add`'s returned old values are not supported where the tile's \
+                 layout repeats it across threads (a tile smaller than the block's threads \
+                 times the elements each holds): only one copy adds, and the others would \
+                 not see the values; use a tile of at least that size (e.g. BLOCK), masked \
+                 to the elements that add",
+            ));
+        }
         let ths: Vec<Option<Reg>> = (0..shape.len())
             .map(|d| self.thread_coord(&lin, d))
             .collect();
