@@ -113,6 +113,16 @@ fn group_hyper(gi: usize) -> (ParamGroup, u64) {
     (g, [1u64, 10, 1000][gi % 3])
 }
 
+/// The hyperparameters of the table's decoy row 0, which no chunk names.
+fn decoy_group() -> ParamGroup {
+    ParamGroup {
+        betas: (0.5, 0.5),
+        eps: 0.5,
+        weight_decay: 0.5,
+        ..ParamGroup::new(0.5)
+    }
+}
+
 /// `adamw_multi` over groups laid out as the optimizer does (tensors 16-byte aligned,
 /// groups at multiples of BLOCK). Every element, padding included, holds random nonzero
 /// data: the kernel treats padding like any element of its chunk's group. Row 0 of the
@@ -147,12 +157,7 @@ pub fn adamw_multi_case(
         .map(|&x| x as f64 + 1.0)
         .collect();
     let block_group = HostTensor::from_f64(DType::I32, &[nchunks], &bg);
-    let decoy = ParamGroup {
-        betas: (0.5, 0.5),
-        eps: 0.5,
-        weight_decay: 0.5,
-        ..ParamGroup::new(0.5)
-    };
+    let decoy = decoy_group();
     let mut table: Vec<f64> = decoy.hyper_row(1).iter().map(|&x| x as f64).collect();
     for gi in 0..groups.len() {
         let (h, step) = group_hyper(gi);
@@ -274,14 +279,9 @@ pub fn adamw_capturable_case(
     let step = done + 1;
     let ng = groups.len();
     // Row 0 the decoy (as the table), then the groups.
-    let hypers: Vec<ParamGroup> = std::iter::once(ParamGroup {
-        betas: (0.5, 0.5),
-        eps: 0.5,
-        weight_decay: 0.5,
-        ..ParamGroup::new(0.5)
-    })
-    .chain((0..ng).map(|gi| group_hyper(gi).0))
-    .collect();
+    let hypers: Vec<ParamGroup> = std::iter::once(decoy_group())
+        .chain((0..ng).map(|gi| group_hyper(gi).0))
+        .collect();
     let mut hp = tensor_at(&case.args, 5).to_f64_vec();
     for row in hp.chunks_mut(HP_COLS) {
         row[6] = 1e30;
