@@ -30,7 +30,10 @@ with tempfile.TemporaryDirectory() as tmp:
         cmd = [kgen, "run", path]
         for word in m.group(1).split():
             k, v = word.split("=", 1)
-            cmd += ["--grid", v] if k == "grid" else ["--arg", f"{k}={v}"]
+            if k in ("grid", "warps"):
+                cmd += [f"--{k}", v]
+            else:
+                cmd += ["--arg", f"{k}={v}"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         ran += 1
         ok = r.returncode == 0

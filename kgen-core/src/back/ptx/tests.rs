@@ -608,23 +608,15 @@ fn gather_scatter_atomic_add() {
     );
     k.store(dst, vec![i], old);
     let f = k.finish();
-    // The [200] f32 tile takes 4 elements per thread: 64 of the 128 threads cover it
-    // and the rest repeat it, so the old values would miss half the threads: refused.
-    let e = write(
-        &f,
-        &ModuleInfo::default(),
-        &Arch::Sm90a.target(),
-        &spec(&f.name, 4),
-    )
-    .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("returned old values are not supported"),
-        "{e}"
-    );
-    // At 2 warps the tile covers every thread once: compiled, with `atom` for the used
-    // old values and `red` for the unused ones.
-    let ptx = compile_both(&f, 2);
+    // The [200] f32 tile takes 4 elements per thread: at 4 warps 64 of the 128 threads
+    // cover it and the rest repeat it; the copy that adds hands its old values to the
+    // others through shared memory.
+    let ptx = compile_both(&f, 4);
+    assert!(ptx.contains("st.shared.b32"), "{ptx}");
+    assert!(ptx.contains("ld.shared.b32"), "{ptx}");
+    // At 2 warps the tile covers every thread once: no exchange.
+    let ptx2 = compile_both(&f, 2);
+    assert!(!ptx2.contains("ld.shared"), "{ptx2}");
     assert!(ptx.contains("red.global.add.s32"), "{ptx}");
     assert!(ptx.contains("atom.global.add.f32"), "{ptx}");
 }

@@ -15,8 +15,9 @@
 //!   non-power-of-two tiles, masked-off elements and, for writes, every replica but one
 //!   are predicated off.
 //! - `atomic_add` uses `atom.global.add` (`red` when the result is unused). On a
-//!   replicated layout (a tile smaller than the block) one copy adds; using the returned
-//!   old values there is `Unsupported` (they would reach that copy's thread only).
+//!   replicated layout (a tile smaller than the block's threads times the elements each
+//!   holds) one copy adds, and when the old values are used that copy hands them to the
+//!   others through shared memory (two barriers).
 //! - A global access (tile or per element; not atomics) with an eviction policy other
 //!   than the default carries
 //!   `.L2::cache_hint` and the policy register, made once per policy in the prologue
@@ -818,18 +819,6 @@ impl Lowerer<'_> {
         }
         let write = value.is_some();
         let replica = if write { self.replica0(&lin) } else { None };
-        if atomic && replica.is_some() && res.is_some_and(|r| self.is_used(r)) {
-            // One copy of each element adds (the others would add again); its old value
-            // would reach only that copy's thread.
-            return Err(unsupported(
-                span,
-                "`atomic_add`'s returned old values are not supported where the tile's \
-                 layout repeats it across threads (a tile smaller than the block's threads \
-                 times the elements each holds): only one copy adds, and the others would \
-                 not see the values; use a tile of at least that size (e.g. BLOCK), masked \
-                 to the elements that add",
-            ));
-        }
         let ths: Vec<Option<Reg>> = (0..shape.len())
             .map(|d| self.thread_coord(&lin, d))
             .collect();
@@ -918,6 +907,11 @@ impl Lowerer<'_> {
             }
         }
         if let Some(r) = res {
+            // Atomics: only the first copy of a replicated tile added, so only its
+            // threads hold the old values; hand them to every copy.
+            if let (true, Some(first), true) = (atomic, replica, self.is_used(r)) {
+                out = self.broadcast_from_copy(&out, &lin, first)?;
+            }
             self.bind(r, out);
         }
         Ok(())

@@ -140,6 +140,61 @@ impl Lowerer<'_> {
         Ok(())
     }
 
+    /// Every copy of a replicated tile takes the values of the copy where `first` holds
+    /// (one copy per element, e.g. `replica0`): that copy writes each element to shared
+    /// memory at its padded row-major index, and after a barrier every thread reads its
+    /// elements back. For results that only one copy computed (`atomic_add`'s old
+    /// values). 32-bit values.
+    pub(super) fn broadcast_from_copy(
+        &mut self,
+        regs: &[Reg],
+        lin: &Linear,
+        first: Reg,
+    ) -> R<Vec<Reg>> {
+        self.comment("the adding copy's values to every copy of the tile");
+        let slot = 4u64;
+        let numel: u32 = lin.shape.iter().product::<u32>().max(1);
+        let base = self.smem_begin(numel * slot as u32);
+        let strides = row_major_strides(&lin.shape);
+        let mut t: Option<Reg> = None;
+        for (d, &s) in strides.iter().enumerate() {
+            if let Some(x) = self.thread_coord(lin, d) {
+                let m = self.op1(
+                    RegClass::B32,
+                    "mul.lo.s32",
+                    vec![x.into(), Operand::Imm((s * slot) as i64)],
+                );
+                t = Some(match t {
+                    None => m,
+                    Some(a) => self.op1(RegClass::B32, "add.s32", vec![a.into(), m.into()]),
+                });
+            }
+        }
+        let addr = match t {
+            Some(t) => self.op1(RegClass::B32, "add.s32", vec![base.into(), t.into()]),
+            None => base,
+        };
+        for (r, &v) in regs.iter().enumerate() {
+            let off = (Self::lin_offset(lin, r) * slot) as i64;
+            self.emit_if(
+                Some((first, false)),
+                "st.shared.b32",
+                vec![Operand::Mem(Addr::Reg(addr), off), v.into()],
+            );
+        }
+        self.barrier();
+        Ok((0..regs.len())
+            .map(|r| {
+                let off = (Self::lin_offset(lin, r) * slot) as i64;
+                self.op1(
+                    regs[r].class,
+                    "ld.shared.b32",
+                    vec![Operand::Mem(Addr::Reg(addr), off)],
+                )
+            })
+            .collect())
+    }
+
     fn smem_read(&mut self, dt: DType, addr: Reg, off: i64) -> Reg {
         let mem = Operand::Mem(Addr::Reg(addr), off);
         match super::class_of(dt) {
