@@ -156,6 +156,10 @@ pub struct LaunchHints {
     /// Blocks per thread-block cluster along grid axis 0 (`.reqnctapercluster`); 1 when
     /// the kernel uses no clusters. The grid's axis 0 must be a multiple of it.
     pub cluster_size: u32,
+    /// The kernel calls `gdc_wait()` before it reads what the kernel before it wrote, so
+    /// the runtime launches it as a programmatic dependent (sm_90): it may start while
+    /// that kernel runs. Always false for sm_80.
+    pub programmatic_dependency: bool,
 }
 
 /// The result of compiling one specialization of one kernel for one arch.

@@ -71,6 +71,8 @@ pub struct Capabilities {
     pub clusters: bool,
     /// `red`/`atom` `.v2.f16x2`/`.bf16x2` and `atom.add.noftz.bf16`.
     pub atomic_bf16: bool,
+    /// `griddepcontrol` (programmatic dependent launch, sm_90).
+    pub grid_dependency: bool,
 }
 
 /// Everything the compiler needs to know about the machine it writes for.
@@ -108,6 +110,7 @@ impl Target {
                     mbarrier_tx: false,
                     clusters: false,
                     atomic_bf16: false,
+                    grid_dependency: false,
                 },
                 max_threads_per_block: 1024,
                 max_shared_bytes_per_block: 163 * 1024,
@@ -129,6 +132,7 @@ impl Target {
                     mbarrier_tx: true,
                     clusters: true,
                     atomic_bf16: true,
+                    grid_dependency: true,
                 },
                 max_threads_per_block: 1024,
                 max_shared_bytes_per_block: 227 * 1024,

@@ -318,6 +318,9 @@ fn launch_cuda(
         *p = v as *mut u64 as *mut std::ffi::c_void;
     }
     let launch = k.compiled.launch;
+    if launch.programmatic_dependency {
+        return launch_dependent(func, grid, launch, stream, ptrs);
+    }
     // SAFETY: `func` is a loaded function of the current context; `ptrs` holds one
     // pointer per PTX parameter (checked against the PTX at load), each to a u64 whose
     // low bytes hold the value (little-endian), alive until cuLaunchKernel returns.
@@ -338,6 +341,42 @@ fn launch_cuda(
         .result()
     }
     .op("cuLaunchKernel")
+}
+
+/// `cuLaunchKernelEx` with programmatic stream serialization: the kernel (which calls
+/// `gdc_wait()` before reading its predecessor's output) may start while the kernel
+/// queued before it runs, from that kernel's `gdc_launch_dependents()` or its blocks'
+/// exit on.
+fn launch_dependent(
+    func: sys::CUfunction,
+    grid: [u32; 3],
+    launch: kgen_core::abi::LaunchHints,
+    stream: sys::CUstream,
+    ptrs: &mut [*mut std::ffi::c_void],
+) -> Result<(), RuntimeError> {
+    // SAFETY: the attribute is plain data; the union's `programmaticStreamSerializationAllowed`
+    // member is the one this attribute id reads.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid[0],
+        gridDimY: grid[1],
+        gridDimZ: grid[2],
+        blockDimX: launch.threads_per_block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: launch.dynamic_shared_bytes,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: as for `cuLaunchKernel` in `launch_cuda`; `config` and `attr` outlive the
+    // call.
+    unsafe {
+        sys::cuLaunchKernelEx(&config, func, ptrs.as_mut_ptr(), std::ptr::null_mut()).result()
+    }
+    .op("cuLaunchKernelEx")
 }
 
 impl Device {

@@ -556,6 +556,7 @@ fn axpy_kernel(arch: kgen_core::Arch) -> kgen_core::CompiledKernel {
             dynamic_shared_bytes: 0,
             grid_rank: 1,
             cluster_size: 1,
+            programmatic_dependency: false,
         },
         spec: Specialization {
             kernel: "axpy_test".into(),

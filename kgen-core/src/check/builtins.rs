@@ -123,6 +123,8 @@ const BUILTINS: &[Builtin] = &[
         &["mask", "other", "eviction_policy"],
     ),
     b("scratch_wait", &["pending"], 1, &[]),
+    b("gdc_wait", &[], 0, &[]),
+    b("gdc_launch_dependents", &[], 0, &[]),
 ];
 
 /// The keyword of a load's or store's L2 eviction policy (Triton's spelling).
@@ -392,6 +394,15 @@ impl Checker<'_> {
             "scratch_fetch" => self.scratch_fetch(a, span),
             "scratch_gather" => self.scratch_gather(a, span),
             "scratch_wait" => self.scratch_wait(a, span),
+            "gdc_wait" | "gdc_launch_dependents" => {
+                let d = if name == "gdc_wait" {
+                    crate::ir::GridDependency::Wait
+                } else {
+                    crate::ir::GridDependency::LaunchDependents
+                };
+                self.emit(Op::GridDependency(d), vec![], span);
+                Ev::Unit
+            }
             _ => self.error(
                 ErrorCode::UnknownFunction,
                 span,

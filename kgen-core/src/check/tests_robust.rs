@@ -131,6 +131,8 @@ const FUNCS: &[&str] = &[
     "scratch_fetch",
     "scratch_gather",
     "scratch_wait",
+    "gdc_wait",
+    "gdc_launch_dependents",
     "nope",
 ];
 const KEYWORDS: &[&str] = &["pad", "mask", "other", "axis", "x", "shape", "bogus"];

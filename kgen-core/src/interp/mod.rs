@@ -758,6 +758,8 @@ impl Machine<'_> {
                 })?;
                 return Ok(None);
             }
+            // Launches run one after the other here: the dependency already holds.
+            Op::GridDependency(_) => return Ok(None),
             Op::ScratchWait { pending } => {
                 while self.fetches.len() > *pending as usize {
                     if let Some(Some((b, k, v))) = self.fetches.pop_front() {

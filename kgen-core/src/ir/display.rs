@@ -236,6 +236,10 @@ impl Printer<'_> {
                 eviction_suffix(*eviction)
             ),
             Op::ScratchWait { pending } => format!("scratch_wait {pending}"),
+            Op::GridDependency(crate::ir::GridDependency::Wait) => "gdc_wait".into(),
+            Op::GridDependency(crate::ir::GridDependency::LaunchDependents) => {
+                "gdc_launch_dependents".into()
+            }
             Op::ScratchStore { buf, slot, value } => {
                 format!(
                     "scratch_store #{buf}[{}], {}",

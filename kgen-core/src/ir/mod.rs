@@ -211,6 +211,18 @@ pub enum ReduceOp {
     ArgMin,
 }
 
+/// The two halves of a programmatic dependent launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GridDependency {
+    /// Waits until the grid this one depends on has completed and its memory is
+    /// visible: before the first read of what it wrote. When this grid was launched
+    /// normally, the launch itself already waited and this does nothing.
+    Wait,
+    /// Lets the grid that depends on this one start launching (it still waits for
+    /// this one's completion where it calls `Wait`).
+    LaunchDependents,
+}
+
 /// The operations. Result types are on the result values; the comments give them.
 /// "T" below is the result type of the instruction.
 #[derive(Clone, Debug)]
@@ -370,6 +382,10 @@ pub enum Op {
     ScratchWait {
         pending: u32,
     },
+    /// Programmatic dependent launch (`gdc_wait()`, `gdc_launch_dependents()`; sm_90's
+    /// `griddepcontrol`, nothing elsewhere and on the interpreter, whose launches run
+    /// one after the other). No results.
+    GridDependency(GridDependency),
     /// `dot(a, b, acc)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]` (f32 accumulator for
     /// float inputs). Result `acc + a @ b`.
     Dot {
@@ -446,7 +462,7 @@ impl Function {
                 v.extend(mask.iter().copied());
                 v
             }
-            Op::ScratchWait { .. } => vec![],
+            Op::ScratchWait { .. } | Op::GridDependency(_) => vec![],
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
             Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![*a, *b, *c],
             Op::Load { index, .. } => index.clone(),
@@ -506,6 +522,7 @@ impl Function {
                 | Op::ScratchFetch { .. }
                 | Op::ScratchGather { .. }
                 | Op::ScratchWait { .. }
+                | Op::GridDependency(_)
                 | Op::For { .. }
                 | Op::If { .. }
                 | Op::Yield(_)

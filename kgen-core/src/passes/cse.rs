@@ -31,6 +31,7 @@ fn is_pure(op: &Op) -> bool {
             | Op::ScratchFetch { .. }
             | Op::ScratchGather { .. }
             | Op::ScratchWait { .. }
+            | Op::GridDependency(_)
             | Op::For { .. }
             | Op::If { .. }
             | Op::Yield(_)

@@ -57,6 +57,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
         | Op::ScratchFetch { .. }
         | Op::ScratchGather { .. }
         | Op::ScratchWait { .. }
+        | Op::GridDependency(_)
         | Op::Yield(_) => 0,
         Op::For { inits, .. } => inits.len(),
         Op::If { .. } => results.len(),
@@ -284,7 +285,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
                 "padding dtype differs from tensor".into()
             })
         }
-        Op::ScratchWait { .. } => Ok(()),
+        Op::ScratchWait { .. } | Op::GridDependency(_) => Ok(()),
         Op::ClusterGather { value, size } => {
             let (a, r) = (ty(value), res_ty()?);
             ensure(a.shape().is_none(), || {

@@ -200,6 +200,7 @@ pub fn write(
         dynamic_shared_bytes: if dynamic { lowered.smem_bytes } else { 0 },
         grid_rank: grid_rank(func, &func.body).max(1),
         cluster_size: info.cluster_size.unwrap_or(1),
+        programmatic_dependency: target.caps.grid_dependency && waits_on_grid(func, &func.body),
     };
     Ok(CompiledKernel {
         ptx: module.to_string(),
@@ -352,6 +353,21 @@ fn access_flags(func: &Function, b: &Block, read: &mut [bool], written: &mut [bo
             _ => {}
         }
     }
+}
+
+/// Whether the kernel calls `gdc_wait()` (then it may be launched as a programmatic
+/// dependent of the kernel before it).
+fn waits_on_grid(func: &Function, b: &Block) -> bool {
+    b.insts.iter().any(|&i| match &func.insts[i].op {
+        Op::GridDependency(crate::ir::GridDependency::Wait) => true,
+        Op::For { body, .. } => waits_on_grid(func, body),
+        Op::If {
+            then_body,
+            else_body,
+            ..
+        } => waits_on_grid(func, then_body) || waits_on_grid(func, else_body),
+        _ => false,
+    })
 }
 
 fn grid_rank(func: &Function, b: &Block) -> u8 {

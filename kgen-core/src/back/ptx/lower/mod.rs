@@ -979,6 +979,19 @@ impl<'a> Lowerer<'a> {
             Op::ScratchFetch { .. } => self.lower_scratch_fetch(id),
             Op::ScratchGather { .. } => self.lower_scratch_gather(id),
             Op::ScratchWait { .. } => self.lower_scratch_wait(id),
+            Op::GridDependency(d) => {
+                // sm_80 has no programmatic dependent launch: its launches are ordered.
+                if self.target.caps.grid_dependency {
+                    let op = match d {
+                        crate::ir::GridDependency::Wait => "griddepcontrol.wait",
+                        crate::ir::GridDependency::LaunchDependents => {
+                            "griddepcontrol.launch_dependents"
+                        }
+                    };
+                    self.emit(op, vec![]);
+                }
+                Ok(())
+            }
         }
     }
 
