@@ -400,3 +400,34 @@ kernel g2(x: tensor<f32, 2, contiguous>, y: tensor<f32, 2, contiguous>) {
         }
     }
 }
+
+/// `gdc_wait()` / `gdc_launch_dependents()`: `griddepcontrol` on sm_90a, nothing on
+/// sm_80; a kernel that waits is flagged for a programmatic dependent launch on sm_90a
+/// only, and one that only lets its dependents start is not.
+#[test]
+fn grid_dependency_control() {
+    let src = |body: &str| {
+        format!(
+            "kernel k(x: tensor<f32, 1>, y: tensor<f32, 1>) {{\n{body}\n\
+             store(y, [bid(0)], load(x, [bid(0)], [256]) * 2.0);\n}}\n"
+        )
+    };
+    let compile = |text: String, arch: Arch| {
+        let file = SourceFile::new("gdc.kg", text);
+        crate::compile(&file, &CompileOptions::new(arch))
+            .unwrap_or_else(|d| panic!("{}", d.render(&file)))
+    };
+    let both = src("gdc_launch_dependents();\ngdc_wait();");
+    let k90 = compile(both.clone(), Arch::Sm90a);
+    assemble(&k90.ptx, "sm_90a", "gdc");
+    assert_eq!(count(&k90.ptx, "griddepcontrol.wait"), 1, "{}", k90.ptx);
+    assert_eq!(count(&k90.ptx, "griddepcontrol.launch_dependents"), 1);
+    assert!(k90.launch.programmatic_dependency);
+    let k80 = compile(both, Arch::Sm80);
+    assert!(!k80.ptx.contains("griddepcontrol"), "{}", k80.ptx);
+    assert!(!k80.launch.programmatic_dependency);
+    let trigger_only = compile(src("gdc_launch_dependents();"), Arch::Sm90a);
+    assert!(!trigger_only.launch.programmatic_dependency);
+    let plain = compile(src(""), Arch::Sm90a);
+    assert!(!plain.launch.programmatic_dependency);
+}
