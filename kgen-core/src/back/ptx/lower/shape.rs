@@ -102,25 +102,7 @@ impl Lowerer<'_> {
         offset_bytes: u32,
     ) -> R<()> {
         let slot = if dt == DType::I64 { 8u64 } else { 4 };
-        let strides = row_major_strides(&src.shape);
-        let mut t: Option<Reg> = None;
-        for (d, &s) in strides.iter().enumerate() {
-            if let Some(x) = self.thread_coord(src, d) {
-                let m = self.op1(
-                    RegClass::B32,
-                    "mul.lo.s32",
-                    vec![x.into(), Operand::Imm((s * slot) as i64)],
-                );
-                t = Some(match t {
-                    None => m,
-                    Some(a) => self.op1(RegClass::B32, "add.s32", vec![a.into(), m.into()]),
-                });
-            }
-        }
-        let addr = match t {
-            Some(t) => self.op1(RegClass::B32, "add.s32", vec![base.into(), t.into()]),
-            None => base,
-        };
+        let addr = self.smem_thread_base(src, base, slot);
         for (r, &v) in regs.iter().enumerate() {
             let off = Self::lin_offset(src, r) * slot + offset_bytes as u64;
             let mem = Operand::Mem(Addr::Reg(addr), off as i64);
@@ -155,25 +137,7 @@ impl Lowerer<'_> {
         let slot = 4u64;
         let numel: u32 = lin.shape.iter().product::<u32>().max(1);
         let base = self.smem_begin(numel * slot as u32);
-        let strides = row_major_strides(&lin.shape);
-        let mut t: Option<Reg> = None;
-        for (d, &s) in strides.iter().enumerate() {
-            if let Some(x) = self.thread_coord(lin, d) {
-                let m = self.op1(
-                    RegClass::B32,
-                    "mul.lo.s32",
-                    vec![x.into(), Operand::Imm((s * slot) as i64)],
-                );
-                t = Some(match t {
-                    None => m,
-                    Some(a) => self.op1(RegClass::B32, "add.s32", vec![a.into(), m.into()]),
-                });
-            }
-        }
-        let addr = match t {
-            Some(t) => self.op1(RegClass::B32, "add.s32", vec![base.into(), t.into()]),
-            None => base,
-        };
+        let addr = self.smem_thread_base(lin, base, slot);
         for (r, &v) in regs.iter().enumerate() {
             let off = (Self::lin_offset(lin, r) * slot) as i64;
             self.emit_if(
@@ -193,6 +157,30 @@ impl Lowerer<'_> {
                 )
             })
             .collect())
+    }
+
+    /// `base` + this thread's part of its elements' padded row-major offsets (bytes, at
+    /// `slot` bytes per element); each register adds `lin_offset(r) * slot`.
+    fn smem_thread_base(&mut self, lin: &Linear, base: Reg, slot: u64) -> Reg {
+        let strides = row_major_strides(&lin.shape);
+        let mut t: Option<Reg> = None;
+        for (d, &s) in strides.iter().enumerate() {
+            if let Some(x) = self.thread_coord(lin, d) {
+                let m = self.op1(
+                    RegClass::B32,
+                    "mul.lo.s32",
+                    vec![x.into(), Operand::Imm((s * slot) as i64)],
+                );
+                t = Some(match t {
+                    None => m,
+                    Some(a) => self.op1(RegClass::B32, "add.s32", vec![a.into(), m.into()]),
+                });
+            }
+        }
+        match t {
+            Some(t) => self.op1(RegClass::B32, "add.s32", vec![base.into(), t.into()]),
+            None => base,
+        }
     }
 
     fn smem_read(&mut self, dt: DType, addr: Reg, off: i64) -> Reg {
