@@ -219,6 +219,7 @@ impl Device {
                     stream: g.stream.clone(),
                     ctx: g.ctx.clone(),
                     stream_ordered,
+                    foreign: None,
                 })
             })?,
             Backend::Interpreter => Memory::Host(Mutex::new(vec![0u8; bytes])),

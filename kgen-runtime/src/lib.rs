@@ -18,7 +18,8 @@
 //! ```
 //!
 //! - [`Device`], [`Stream`] (also wrapping a cudarc stream of yours), typed strided
-//!   [`Tensor`]s with views (`narrow`, `select`, `transpose`, `permute`, `reshape`).
+//!   [`Tensor`]s with views (`narrow`, `select`, `transpose`, `permute`, `reshape`),
+//!   also over a cudarc buffer of yours without a copy ([`Device::tensor_from_cudarc`]).
 //! - [`Device::kernel`]: compile once per (source, specialization, arch, compiler
 //!   version), in memory, and keep the driver's JIT output on disk (`KGEN_CACHE_DIR`,
 //!   default `~/.cache/kgen`; `KGEN_CACHE=0` turns it off; corrupt or stale entries are
@@ -47,6 +48,7 @@ mod disk_cache;
 mod error;
 mod gpu;
 mod graph;
+mod interop;
 mod kernel;
 mod launch;
 mod tensor;
@@ -78,3 +80,5 @@ mod tests_api;
 mod tests_e2e;
 #[cfg(test)]
 mod tests_gpu_api;
+#[cfg(test)]
+mod tests_interop;

@@ -8,8 +8,10 @@
 //! torch and cudarc's raw launches: the runtime checks at launch that a written tensor
 //! does not overlap any other argument.
 //!
-//! Assumes: every storage byte range is 16-byte padded (vector accesses at a view's end
-//! stay inside the allocation). Guarantees: a view never reaches outside its storage
+//! Storage kgen allocates is padded to whole 16-byte vectors; a buffer imported from
+//! cudarc (`interop`) is exactly the buffer. Kernels never touch bytes past a view's last
+//! element (a vector's width divides the contiguous extent: `tensor_alignment`), so
+//! neither needs the padding. Guarantees: a view never reaches outside its storage
 //! (every view constructor checks it), and no method panics on bad input.
 
 use crate::device::Device;
@@ -25,10 +27,14 @@ pub(crate) enum Memory {
     Cuda {
         ptr: sys::CUdeviceptr,
         bytes: usize,
-        /// The stream it was allocated on (freed there, stream-ordered).
+        /// The stream it was allocated on (freed there, stream-ordered; host copies of
+        /// the tensor are ordered there too).
         stream: Arc<CudaStream>,
         ctx: Arc<CudaContext>,
         stream_ordered: bool,
+        /// Memory kgen did not allocate (a cudarc buffer, `Device::tensor_from_cudarc`):
+        /// its owner, dropped with the last view, frees it; kgen never does.
+        foreign: Option<Arc<dyn std::any::Any + Send + Sync>>,
     },
     Host(Mutex<Vec<u8>>),
 }
@@ -49,6 +55,7 @@ impl Drop for Memory {
             stream,
             ctx,
             stream_ordered,
+            foreign: None,
             ..
         } = self
         {
@@ -212,9 +219,16 @@ impl Tensor {
     /// strides whose dimensions nest (each stride ≥ the extent below it times its
     /// stride, as row-major views and their column slices do); otherwise it compares
     /// byte ranges, which may report an overlap that is not there.
+    ///
+    /// Views of different allocations overlap only when device buffers imported from
+    /// cudarc share addresses (two imports of one buffer): then it compares the views'
+    /// device byte ranges.
     pub fn overlaps(&self, other: &Tensor) -> bool {
-        if !self.shares_storage(other) || self.numel() == 0 || other.numel() == 0 {
+        if self.numel() == 0 || other.numel() == 0 {
             return false;
+        }
+        if !self.shares_storage(other) {
+            return self.overlaps_across_storages(other);
         }
         let (a0, a1) = self.byte_range();
         let (b0, b1) = other.byte_range();
@@ -250,6 +264,27 @@ impl Tensor {
             }
         }
         ra == rb
+    }
+
+    /// Whether two views of different allocations touch common device bytes: only
+    /// possible when one is an imported buffer (conservative: byte ranges).
+    fn overlaps_across_storages(&self, other: &Tensor) -> bool {
+        let imported = |t: &Tensor| matches!(&*t.mem, Memory::Cuda { foreign: Some(_), .. });
+        if !imported(self) && !imported(other) {
+            return false;
+        }
+        let range = |t: &Tensor| {
+            let (a, b) = t.byte_range();
+            let base = match &*t.mem {
+                Memory::Cuda { ptr, .. } => *ptr,
+                Memory::Host(_) => return None,
+            };
+            Some((base + a as u64, base + b as u64))
+        };
+        match (range(self), range(other)) {
+            (Some((a0, a1)), Some((b0, b1))) => a0 < b1 && b0 < a1,
+            _ => false,
+        }
     }
 
     fn with_view(&self, shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Tensor {

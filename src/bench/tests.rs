@@ -556,3 +556,42 @@ fn every_bundled_kernel_has_a_compile_time() {
     }
     assert!(ct.iter().any(|c| c.kernel == "cross_entropy"));
 }
+
+#[test]
+#[ignore]
+fn tmp_op_overhead() {
+    use kgen_core::types::DType;
+    use kgen_runtime::Arg;
+    let dev = Device::interpreter();
+    let ops = Ops::new(&dev);
+    let x = dev.from_f64(DType::F32, &[32], &vec![0.5; 32]).unwrap();
+    let y = dev.empty(DType::F32, &[32]).unwrap();
+    let k = ops
+        .kernel("relu", "relu", &[("T", "f32".into()), ("BLOCK", "32".into())], None, &[("x", &x), ("y", &y)])
+        .unwrap();
+    let args = [Arg::from(&x), Arg::from(&y)];
+    for _ in 0..100 {
+        ops.relu_into(&x, &y).unwrap();
+        ops.launch(&k, [1, 1, 1], &args).unwrap();
+    }
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        for _ in 0..20000 {
+            ops.launch(&k, [1, 1, 1], &args).unwrap();
+        }
+        let a = t.elapsed().as_secs_f64() * 1e6 / 20000.0;
+        let t = std::time::Instant::now();
+        for _ in 0..20000 {
+            ops.relu_into(&x, &y).unwrap();
+        }
+        let b = t.elapsed().as_secs_f64() * 1e6 / 20000.0;
+        let t = std::time::Instant::now();
+        for _ in 0..20000 {
+            let _ = ops
+                .kernel("relu", "relu", &[("T", "f32".into()), ("BLOCK", "32".into())], None, &[("x", &x), ("y", &y)])
+                .unwrap();
+        }
+        let c = t.elapsed().as_secs_f64() * 1e6 / 20000.0;
+        eprintln!("launch {a:.3} us, relu_into {b:.3} us, diff {:.3}; kernel lookup {c:.3}", b - a);
+    }
+}
