@@ -269,7 +269,15 @@ impl Tensor {
     /// Whether two views of different allocations touch common device bytes: only
     /// possible when one is an imported buffer (conservative: byte ranges).
     fn overlaps_across_storages(&self, other: &Tensor) -> bool {
-        let imported = |t: &Tensor| matches!(&*t.mem, Memory::Cuda { foreign: Some(_), .. });
+        let imported = |t: &Tensor| {
+            matches!(
+                &*t.mem,
+                Memory::Cuda {
+                    foreign: Some(_),
+                    ..
+                }
+            )
+        };
         if !imported(self) && !imported(other) {
             return false;
         }

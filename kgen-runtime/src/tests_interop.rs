@@ -61,10 +61,16 @@ fn gpu_kernels_run_in_place_on_cudarc_buffers() {
     let through_kgen = out.to_f64_vec().unwrap();
     for i in 0..n {
         let want = -1.5 * xs[i] as f64 + ys[i] as f64;
-        assert!((through_cudarc[i] as f64 - want).abs() <= 1e-6 * want.abs() + 1e-6, "i={i}");
+        assert!(
+            (through_cudarc[i] as f64 - want).abs() <= 1e-6 * want.abs() + 1e-6,
+            "i={i}"
+        );
         assert_eq!(through_kgen[i], through_cudarc[i] as f64, "i={i}");
     }
-    assert!(through_cudarc[n..].iter().all(|v| v.is_nan()), "wrote past the view");
+    assert!(
+        through_cudarc[n..].iter().all(|v| v.is_nan()),
+        "wrote past the view"
+    );
     // The inputs are untouched and still cudarc's.
     assert_eq!(user.clone_dtoh(&*yb).unwrap(), ys);
 
@@ -87,14 +93,20 @@ fn gpu_kernels_run_in_place_on_cudarc_buffers() {
     let (got, yh) = (ov.to_f64_vec().unwrap(), yv.to_f64_vec().unwrap());
     for i in 0..m {
         let want = 2.0 * hb[5 + i].to_f64() + yh[i];
-        assert!((got[i] - want).abs() <= 8e-3 * want.abs() + 1e-2, "i={i}: {} vs {want}", got[i]);
+        assert!(
+            (got[i] - want).abs() <= 8e-3 * want.abs() + 1e-2,
+            "i={i}: {} vs {want}",
+            got[i]
+        );
     }
 }
 
 #[test]
 fn gpu_cudarc_imports_refuse_bad_shapes_devices_and_aliasing() {
     let Ok(d) = Device::cuda(0) else {
-        eprintln!("gpu_cudarc_imports_refuse_bad_shapes_devices_and_aliasing: skipped, no usable GPU");
+        eprintln!(
+            "gpu_cudarc_imports_refuse_bad_shapes_devices_and_aliasing: skipped, no usable GPU"
+        );
         return;
     };
     let user = d.gpu().unwrap().context().new_stream().unwrap();
@@ -102,7 +114,9 @@ fn gpu_cudarc_imports_refuse_bad_shapes_devices_and_aliasing() {
     let e = d.tensor_from_cudarc(buf.clone(), &[101]).unwrap_err();
     assert!(matches!(e, RuntimeError::InvalidView(_)), "{e}");
     assert!(e.to_string().contains("holds 100"), "{e}");
-    let e = d.tensor_from_cudarc(buf.clone(), &[usize::MAX, 3]).unwrap_err();
+    let e = d
+        .tensor_from_cudarc(buf.clone(), &[usize::MAX, 3])
+        .unwrap_err();
     assert!(matches!(e, RuntimeError::InvalidView(_)), "{e}");
     let e = Device::interpreter()
         .tensor_from_cudarc(buf.clone(), &[100])
@@ -114,7 +128,10 @@ fn gpu_cudarc_imports_refuse_bad_shapes_devices_and_aliasing() {
     let b = d.tensor_from_cudarc(buf.clone(), &[100]).unwrap();
     let c = d.from_f64(DType::F32, &[100], &vals(100, 9)).unwrap();
     assert!(a.overlaps(&b) && !a.shares_storage(&b));
-    assert!(!a.narrow(0, 0, 50).unwrap().overlaps(&b.narrow(0, 50, 50).unwrap()));
+    assert!(!a
+        .narrow(0, 0, 50)
+        .unwrap()
+        .overlaps(&b.narrow(0, 50, 50).unwrap()));
     assert!(!a.overlaps(&c));
     let k = axpy(&d, DType::F32, &[("x", &a), ("y", &c), ("out", &b)]);
     let e = d

@@ -52,6 +52,20 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     ] {
         v.push(adamw_capturable_case(seed, t, s, groups, block, grid, done));
     }
+    // AMSGrad: groups with and without it in one launch; f32 and half states.
+    for &(t, s, groups, block, grid) in &[
+        (
+            F32,
+            F32,
+            &[&[1usize, 7][..], &[1000], &[4097]][..],
+            1024usize,
+            None,
+        ),
+        (BF16, BF16, &[&[4097][..], &[7, 1]], 256, Some(5)),
+        (F16, F32, &[&[1000][..]], 512, Some(3)),
+    ] {
+        v.push(adamw_amsgrad_case(seed, t, s, groups, block, grid));
+    }
     for &(dt, n, block, grid) in &[
         (F32, 1usize, 1024usize, None),
         (F32, 7, 1024, None),
@@ -99,6 +113,20 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     }
     v
 }
+
+/// `adamw_multi`'s parameters, in order.
+const ADAMW_PARAMS: [&str; 10] = [
+    "p",
+    "g",
+    "m",
+    "v",
+    "block_group",
+    "hp",
+    "count",
+    "cap",
+    "vmax",
+    "ams",
+];
 
 /// Per-group hyperparameters for case `gi` (varied lr, betas, eps, weight decay,
 /// maximize, step), as the optimizer computes its table rows.
@@ -179,6 +207,9 @@ pub fn adamw_multi_case(
             &[1, CAP_COLS],
             &[1.0; CAP_COLS],
         )),
+        // vmax and ams: read only when AMSGRAD (adamw_amsgrad_case).
+        ArgValue::Tensor(HostTensor::from_f64(s, &[1], &[1.0])),
+        ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[1], &[1.0])),
     ];
     // As adamw.kg: a handful of f32 roundings of values <= 1, plus the update's error
     // where m cancels (and the approximate rsqrt's ~2^-22 on the update, << 5e-6).
@@ -195,10 +226,7 @@ pub fn adamw_multi_case(
             ("S", s.to_string()),
             ("BLOCK", block.to_string()),
         ]),
-        tensor_align: aligns(
-            &["p", "g", "m", "v", "block_group", "hp", "count", "cap"],
-            &args,
-        ),
+        tensor_align: aligns(&ADAMW_PARAMS, &args),
         grid: [g as u32, 1, 1],
         args,
         outputs: vec![0, 2, 3],
@@ -294,10 +322,7 @@ pub fn adamw_capturable_case(
     case.args[5] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[ng + 1, HP_COLS], &hp));
     case.args[6] = ArgValue::Tensor(HostTensor::from_f64(DType::I32, &[1], &[done as f64 * g]));
     case.args[7] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[ng + 1, CAP_COLS], &cap));
-    case.tensor_align = aligns(
-        &["p", "g", "m", "v", "block_group", "hp", "count", "cap"],
-        &case.args,
-    );
+    case.tensor_align = aligns(&ADAMW_PARAMS, &case.args);
     // The reference: the table this step would have had, from the f64 hyperparameters.
     let rows: Vec<f64> = hypers
         .iter()
@@ -319,6 +344,63 @@ pub fn adamw_capturable_case(
         &format!("adamw_multi CAPTURABLE t={step}"),
         1,
     );
+    case
+}
+
+/// [`adamw_multi_case`] with `AMSGRAD = true`: `vmax` random around `v`'s magnitudes (so
+/// the maximum picks either side) and the flags `ams[row]` on for the decoy row 0 and
+/// the odd rows (groups 0, 2, ... are on, 1, 3, ... off), so both kinds of group share
+/// the launch. The reference: an amsgrad group's denominator and new vmax use
+/// max(vmax, v_new); another group's use v_new (stored into vmax too).
+pub fn adamw_amsgrad_case(
+    seed: u64,
+    t: DType,
+    s: DType,
+    groups: &[&[usize]],
+    block: usize,
+    grid: Option<usize>,
+) -> Case {
+    let mut case = adamw_multi_case(seed, t, s, groups, block, grid);
+    let n = tensor_at(&case.args, 0).to_f64_vec().len();
+    let mut rng = Rng::for_case(seed, &format!("{} vmax", case.label));
+    let vmax = random_tensor(&mut rng, s, &[n], |r| r.uniform(1e-6, 2e-3));
+    let flags: Vec<f64> = (0..=groups.len())
+        .map(|row| if row == 0 || row % 2 == 1 { 1.0 } else { 0.0 })
+        .collect();
+    case.args[8] = ArgValue::Tensor(vmax);
+    case.args[9] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[flags.len()], &flags));
+    case.tensor_align = aligns(&ADAMW_PARAMS, &case.args);
+    case.reference = Box::new(move |args| {
+        let (mut p, g) = (
+            tensor_at(args, 0).to_f64_vec(),
+            tensor_at(args, 1).to_f64_vec(),
+        );
+        let (mut m, mut v) = (
+            tensor_at(args, 2).to_f64_vec(),
+            tensor_at(args, 3).to_f64_vec(),
+        );
+        let bg = tensor_at(args, 4).to_f64_vec();
+        let hp = tensor_at(args, 5).to_f64_vec();
+        let mut vmax = tensor_at(args, 8).to_f64_vec();
+        let ams = tensor_at(args, 9).to_f64_vec();
+        for i in 0..p.len() {
+            let row = bg[i / block] as usize;
+            let [decay, beta1, c1, beta2, c2, eps, step_size, inv_bc2] =
+                <[f64; HP_COLS]>::try_from(&hp[row * HP_COLS..][..HP_COLS]).expect("8 columns");
+            m[i] = beta1 * m[i] + c1 * g[i];
+            v[i] = beta2 * v[i] + c2 * g[i] * g[i];
+            vmax[i] = if ams[row] != 0.0 {
+                vmax[i].max(v[i])
+            } else {
+                v[i]
+            };
+            p[i] = p[i] * decay - step_size * m[i] / (vmax[i].sqrt() * inv_bc2 + eps);
+        }
+        vec![p, m, v, vmax]
+    });
+    case.outputs.push(8);
+    case.defines.push(("AMSGRAD".into(), "true".into()));
+    case.label = case.label.replacen("adamw_multi", "adamw_multi AMSGRAD", 1);
     case
 }
 

@@ -110,8 +110,8 @@ pub(crate) fn check_adamw(device: &Device, c: &AdamWCheck) -> Result<f64, String
     let mut opt =
         AdamW::with_launch(&ops, c.param, c.state, c.groups.clone(), c.launch).map_err(e)?;
     let mut rng = Rng::new(c.seed);
-    // (group, index, p, m, v) in f64, the reference's state.
-    type RefState = (usize, usize, Vec<f64>, Vec<f64>, Vec<f64>);
+    // (group, index, p, m, v, max_exp_avg_sq) in f64, the reference's state.
+    type RefState = (usize, usize, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
     let mut refs: Vec<RefState> = Vec::new();
     for (gi, g) in c.groups.iter().enumerate() {
         for (j, shape) in g.shapes.iter().enumerate() {
@@ -119,7 +119,14 @@ pub(crate) fn check_adamw(device: &Device, c: &AdamWCheck) -> Result<f64, String
             let init: Vec<f64> = (0..n).map(|_| rng.signed_magnitude(1e-2, 1.0)).collect();
             let h = HostTensor::from_f64(c.param, shape, &init);
             opt.param(gi, j).copy_from_host(&h).map_err(r)?;
-            refs.push((gi, j, h.to_f64_vec(), vec![0.0; n], vec![0.0; n]));
+            refs.push((
+                gi,
+                j,
+                h.to_f64_vec(),
+                vec![0.0; n],
+                vec![0.0; n],
+                vec![0.0; n],
+            ));
         }
     }
     let mut groups = c.groups.clone();
@@ -135,16 +142,22 @@ pub(crate) fn check_adamw(device: &Device, c: &AdamWCheck) -> Result<f64, String
                 }
             }
         }
-        for (gi, j, p, m, v) in refs.iter_mut() {
+        for (gi, j, p, m, v, vmax) in refs.iter_mut() {
             let g = &groups[*gi];
             let n = p.len();
             let raw: Vec<f64> = (0..n).map(|_| rng.signed_magnitude(1e-3, 1e-1)).collect();
             let h = HostTensor::from_f64(c.param, &g.shapes[*j], &raw);
             opt.grad(*gi, *j).copy_from_host(&h).map_err(r)?;
-            super::torch_adamw_step(p, &h.to_f64_vec(), m, v, &g.into(), t);
+            super::torch_adamw_step(p, &h.to_f64_vec(), m, v, vmax, &g.into(), t);
             *p = round_to(c.param, p);
             *m = round_to(c.state, m);
             *v = round_to(c.state, v);
+            // The buffer's slots of a group without amsgrad hold its v (optim.kg).
+            *vmax = if g.amsgrad {
+                round_to(c.state, vmax)
+            } else {
+                v.clone()
+            };
         }
         let before = opt.step_launches();
         opt.step(&ops).map_err(e)?;
@@ -196,7 +209,7 @@ pub(crate) fn check_adamw(device: &Device, c: &AdamWCheck) -> Result<f64, String
     let p_atol = |lr: f64| steps * lr * (1e-4f64).max(16.0 * unit(c.param).max(unit(c.state)));
     let mut worst = 0.0f64;
     let layout = opt.layout().clone();
-    for (gi, j, p, m, v) in &refs {
+    for (gi, j, p, m, v, vmax) in &refs {
         let lr = c.groups[*gi].lr;
         let slot = &layout.segments[*gi].slots[*j];
         let label = |x: &str| {
@@ -217,17 +230,22 @@ pub(crate) fn check_adamw(device: &Device, c: &AdamWCheck) -> Result<f64, String
         check(label("m"), &gm, m, c.state, rtol(c.state) * 0.1)?;
         let gv = read(opt.exp_avg_sq_flat())?;
         check(label("v"), &gv, v, c.state, 0.0)?;
+        if let Some(t) = opt.max_exp_avg_sq_flat() {
+            check(label("max_exp_avg_sq"), &read(t)?, vmax, c.state, 0.0)?;
+        }
     }
     // Padding (everything outside the slots) is still zero in p, g, m, v.
     let mut inside = vec![false; layout.len];
     for s in layout.segments.iter().flat_map(|s| &s.slots) {
         inside[s.offset..s.offset + s.numel].fill(true);
     }
-    for (name, t) in [
-        ("p", opt.params_flat()),
-        ("m", opt.exp_avg_flat()),
-        ("v", opt.exp_avg_sq_flat()),
-    ] {
+    let buffers = [
+        ("p", Some(opt.params_flat())),
+        ("m", Some(opt.exp_avg_flat())),
+        ("v", Some(opt.exp_avg_sq_flat())),
+        ("max_exp_avg_sq", opt.max_exp_avg_sq_flat()),
+    ];
+    for (name, t) in buffers.iter().filter_map(|(n, t)| Some((n, (*t)?))) {
         let vals = t.to_f64_vec().map_err(r)?;
         if let Some(i) = (0..layout.len).find(|&i| !inside[i] && vals[i] != 0.0) {
             return Err(format!("padding element {i} of {name} became {}", vals[i]));
@@ -399,6 +417,28 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
         };
         out.push((
             format!("optim AdamW T={t} S={s} capturable from step 4, 2 groups x 12 steps"),
+            check_adamw(device, &c),
+        ));
+    }
+    // AMSGrad in the second group (beta2 0.5: v falls, the maximum matters), f32 and
+    // bf16 params.
+    for &(t, s) in &[(DType::F32, DType::F32), (DType::BF16, DType::F32)] {
+        let lr_scale = if t == DType::F32 { 1.0 } else { 20.0 };
+        let mut gs = groups(lr_scale);
+        gs[1].amsgrad = true;
+        gs[1].betas = (0.8, 0.5);
+        let c = AdamWCheck {
+            param: t,
+            state: s,
+            groups: gs,
+            steps: 8,
+            seed: 45,
+            launch: AdamWLaunch::default(),
+            lr_change: None,
+            capturable_from: None,
+        };
+        out.push((
+            format!("optim AdamW T={t} S={s} amsgrad in group 1, 2 groups x 8 steps"),
             check_adamw(device, &c),
         ));
     }

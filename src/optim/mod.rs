@@ -25,7 +25,13 @@
 //! `set_step_count`, so most steps are the kernel launch alone. A debug counter
 //! ([`AdamW::step_launches`]) counts the launches so tests can check the "one launch".
 //!
-//! # Differences from `torch.optim.AdamW` (amsgrad=False, the default)
+//! # AMSGrad
+//! A group with `amsgrad: true` is torch's `amsgrad=True`: the optimizer keeps a fourth
+//! flat buffer `max_exp_avg_sq` ([`AdamW::max_exp_avg_sq_flat`], state dtype, zero at
+//! the start) and that group's denominator uses `max(max_exp_avg_sq, v)`, stored back
+//! (the kernel's `AMSGRAD` variant, still one launch; groups without it are unchanged).
+//!
+//! # Differences from `torch.optim.AdamW`
 //! - One step counter for the whole optimizer; torch keeps `state["step"]` per parameter.
 //!   Every parameter is updated at every step: there is no "grad is None, skip" (a zero
 //!   gradient still gets weight decay and the momentum update, as in torch when the grad
@@ -42,7 +48,7 @@
 //!   issue-bound, 821 us vs 586 us for the bf16 GPT-2 step on an H100).
 //! - States may be f32 while the parameters are f16/bf16 (torch keeps states in the
 //!   parameter dtype); `S = T` gives torch's behaviour.
-//! - Hyperparameters are host numbers (no tensor lr, `differentiable`, `amsgrad`,
+//! - Hyperparameters are host numbers (no tensor lr, `differentiable`,
 //!   `grad_scale`/`found_inf`); a [`AdamW::set_lr`] takes effect at the next step.
 //!   [`AdamW::set_capturable`] is torch's `capturable`: the step count lives on the
 //!   device and the kernel computes the bias corrections from it (in f32, as torch's
@@ -87,13 +93,15 @@ pub struct ParamGroup {
     pub eps: f64,
     pub weight_decay: f64,
     pub maximize: bool,
+    /// torch's `amsgrad`: the denominator uses the largest second moment so far.
+    pub amsgrad: bool,
     /// The shapes of this group's parameters, in order ([`AdamW::param`]`(group, j)`).
     pub shapes: Vec<Vec<usize>>,
 }
 
 impl ParamGroup {
     /// torch.optim.AdamW's defaults (betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2,
-    /// maximize False) with the given lr and no parameters yet.
+    /// maximize False, amsgrad False) with the given lr and no parameters yet.
     pub fn new(lr: f64) -> ParamGroup {
         ParamGroup {
             lr,
@@ -101,6 +109,7 @@ impl ParamGroup {
             eps: 1e-8,
             weight_decay: 1e-2,
             maximize: false,
+            amsgrad: false,
             shapes: Vec::new(),
         }
     }
@@ -291,6 +300,12 @@ pub struct AdamW {
     /// unread, in the normal mode.
     count: Tensor,
     cap: Tensor,
+    /// AMSGrad: `max_exp_avg_sq [N]` (state dtype) and the per-group flags `[groups]`
+    /// (f32 1 / 0) when some group has `amsgrad`; otherwise 1-element placeholders the
+    /// kernel does not read.
+    vmax: Tensor,
+    ams: Tensor,
+    amsgrad: bool,
     capturable: bool,
     /// Capturable mode: the counter value (in steps) and the hyperparameters the next
     /// step uploads first (after `set_capturable`, `set_lr`, `set_step_count`).
@@ -395,6 +410,19 @@ impl AdamW {
         let block_group = upload_block_groups(&device, &layout, launch.block)?;
         let count = device.zeros(DType::I32, &[1])?;
         let cap = device.zeros(DType::F32, &[groups.len(), CAP_COLS])?;
+        let amsgrad = groups.iter().any(|g| g.amsgrad);
+        let (vmax, ams) = if amsgrad {
+            let flags: Vec<f32> = groups.iter().map(|g| g.amsgrad as u8 as f32).collect();
+            (
+                device.zeros(state_dtype, &[n])?,
+                device.from_slice(&[flags.len()], &flags)?,
+            )
+        } else {
+            (
+                device.zeros(state_dtype, &[1])?,
+                device.zeros(DType::F32, &[1])?,
+            )
+        };
         Ok(AdamW {
             device,
             param_dtype,
@@ -412,6 +440,9 @@ impl AdamW {
             block_group,
             count,
             cap,
+            vmax,
+            ams,
+            amsgrad,
             capturable: false,
             pending_count: None,
             cap_stale: false,
@@ -457,6 +488,12 @@ impl AdamW {
     /// The flat second moments (`exp_avg_sq`) `[N]`.
     pub fn exp_avg_sq_flat(&self) -> &Tensor {
         &self.v
+    }
+
+    /// AMSGrad's `max_exp_avg_sq` buffer (same layout as [`AdamW::exp_avg_sq_flat`]), when
+    /// some group has `amsgrad`. Its slots of the other groups hold their `exp_avg_sq`.
+    pub fn max_exp_avg_sq_flat(&self) -> Option<&Tensor> {
+        self.amsgrad.then_some(&self.vmax)
     }
 
     pub fn layout(&self) -> &FlatLayout {
@@ -722,6 +759,8 @@ impl AdamW {
                 Arg::from(hp),
                 Arg::from(&self.count),
                 Arg::from(&self.cap),
+                Arg::from(&self.vmax),
+                Arg::from(&self.ams),
             ],
         )?;
         self.step_launches += 1;
@@ -780,6 +819,7 @@ impl AdamW {
                 ("BLOCK", self.launch.block.to_string()),
                 ("ONE_GROUP", (self.groups.len() == 1).to_string()),
                 ("CAPTURABLE", self.capturable.to_string()),
+                ("AMSGRAD", self.amsgrad.to_string()),
             ],
             self.launch.num_warps,
             &[
@@ -791,6 +831,8 @@ impl AdamW {
                 ("hp", &self.hp),
                 ("count", &self.count),
                 ("cap", &self.cap),
+                ("vmax", &self.vmax),
+                ("ams", &self.ams),
             ],
         )?;
         self.kernel = Some(k.clone());

@@ -1,5 +1,5 @@
-//! A float64 port of torch.optim.adamw's `_single_tensor_adamw` (torch 2.x, amsgrad=False,
-//! capturable=False, differentiable=False), the reference the optimizer's tests and GPU
+//! A float64 port of torch.optim.adamw's `_single_tensor_adamw` (torch 2.x, amsgrad
+//! either way, capturable=False, differentiable=False), the reference the optimizer's tests and GPU
 //! checks compare against. Written from torch's Python source, independently of the
 //! kernel (which follows the fused CUDA kernel's algebra); the two agree to f32
 //! rounding.
@@ -12,6 +12,7 @@ pub struct TorchHyper {
     pub eps: f64,
     pub weight_decay: f64,
     pub maximize: bool,
+    pub amsgrad: bool,
 }
 
 impl From<&super::ParamGroup> for TorchHyper {
@@ -22,17 +23,20 @@ impl From<&super::ParamGroup> for TorchHyper {
             eps: g.eps,
             weight_decay: g.weight_decay,
             maximize: g.maximize,
+            amsgrad: g.amsgrad,
         }
     }
 }
 
 /// One step for one parameter, in place: `step` is `state["step"]` after the increment
-/// (1 on the first step).
+/// (1 on the first step). `max_exp_avg_sq` is `state["max_exp_avg_sq"]` (read and written
+/// only when `h.amsgrad`; pass `&mut []` otherwise).
 pub fn torch_adamw_step(
     param: &mut [f64],
     grad: &[f64],
     exp_avg: &mut [f64],
     exp_avg_sq: &mut [f64],
+    max_exp_avg_sq: &mut [f64],
     h: &TorchHyper,
     step: u64,
 ) {
@@ -52,8 +56,15 @@ pub fn torch_adamw_step(
         exp_avg[i] += (1.0 - beta1) * (g - exp_avg[i]);
         // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         exp_avg_sq[i] = exp_avg_sq[i] * beta2 + (1.0 - beta2) * g * g;
-        // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        let denom = exp_avg_sq[i].sqrt() / bias_correction2_sqrt + h.eps;
+        let denom = if h.amsgrad {
+            // torch.maximum(max_exp_avg_sqs[i], exp_avg_sq, out=max_exp_avg_sqs[i])
+            max_exp_avg_sq[i] = max_exp_avg_sq[i].max(exp_avg_sq[i]);
+            // denom = (max_exp_avg_sqs[i].sqrt() / bias_correction2_sqrt).add_(eps)
+            max_exp_avg_sq[i].sqrt() / bias_correction2_sqrt + h.eps
+        } else {
+            // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+            exp_avg_sq[i].sqrt() / bias_correction2_sqrt + h.eps
+        };
         // param.addcdiv_(exp_avg, denom, value=-step_size)
         param[i] += -step_size * exp_avg[i] / denom;
     }

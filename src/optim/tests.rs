@@ -110,6 +110,65 @@ fn adamw_two_groups_ten_steps_f16_and_f32_with_bf16_states() {
     run(&adamw_case(DType::F32, DType::BF16, AdamWLaunch::default()));
 }
 
+/// AMSGrad in one of two groups (torch's per-group `amsgrad`), ten steps against torch's
+/// algorithm in f64, f32 and half storage, plain and capturable. Its beta2 = 0.5 makes v
+/// fall between steps, so the maximum differs from v (checked: otherwise a kernel that
+/// ignored it would pass).
+#[test]
+fn adamw_amsgrad_trajectories() {
+    for (param, state, capturable_from) in [
+        (DType::F32, DType::F32, None),
+        (DType::BF16, DType::F32, None),
+        (DType::BF16, DType::BF16, None),
+        (DType::F32, DType::F32, Some(4)),
+    ] {
+        let mut c = adamw_case(param, state, AdamWLaunch::default());
+        c.groups[1].amsgrad = true;
+        c.groups[1].betas = (0.8, 0.5);
+        c.capturable_from = capturable_from;
+        run(&c);
+    }
+    // The maximum mattered: in the amsgrad group most elements of max_exp_avg_sq are
+    // above v after ten steps; the other group's slots hold v.
+    let d = Device::interpreter();
+    let ops = Ops::new(&d);
+    let mut groups = two_groups(1.0);
+    groups[1].amsgrad = true;
+    groups[1].betas = (0.8, 0.5);
+    let mut opt = AdamW::new(&ops, DType::F32, DType::F32, groups.clone()).unwrap();
+    let mut rng = Rng::new(5);
+    for _ in 0..10 {
+        for (gi, g) in groups.iter().enumerate() {
+            for (j, shape) in g.shapes.iter().enumerate() {
+                let n: usize = shape.iter().product();
+                let raw: Vec<f64> = (0..n).map(|_| rng.signed_magnitude(1e-3, 1e-1)).collect();
+                opt.grad(gi, j)
+                    .copy_from_host(&HostTensor::from_f64(DType::F32, shape, &raw))
+                    .unwrap();
+            }
+        }
+        opt.step(&ops).unwrap();
+    }
+    let vmax = opt.max_exp_avg_sq_flat().unwrap().to_f64_vec().unwrap();
+    let v = opt.exp_avg_sq_flat().to_f64_vec().unwrap();
+    let layout = opt.layout();
+    for (gi, seg) in layout.segments.iter().enumerate() {
+        let slots = seg.slots.iter().flat_map(|s| s.offset..s.offset + s.numel);
+        let (above, total) = slots.fold((0, 0), |(a, t), i| (a + (vmax[i] > v[i]) as usize, t + 1));
+        if gi == 1 {
+            assert!(
+                above * 2 > total,
+                "group 1: max above v in only {above} of {total}"
+            );
+        } else {
+            assert_eq!(above, 0, "group {gi} has no amsgrad: its slots hold v");
+        }
+    }
+    // Without amsgrad anywhere there is no buffer.
+    let plain = AdamW::new(&ops, DType::F32, DType::F32, two_groups(1.0)).unwrap();
+    assert!(plain.max_exp_avg_sq_flat().is_none());
+}
+
 #[test]
 fn adamw_grid_stride_and_other_blocks() {
     for launch in [
@@ -207,7 +266,7 @@ fn adamw_check_detects_a_wrong_update() {
     let grads = super::checks::round_to(DType::F32, &grads);
     let reference = |h: TorchHyper| {
         let (mut q, mut m, mut v) = (init.clone(), vec![0.0; n], vec![0.0; n]);
-        torch_adamw_step(&mut q, &grads, &mut m, &mut v, &h, 1);
+        torch_adamw_step(&mut q, &grads, &mut m, &mut v, &mut [], &h, 1);
         q
     };
     let right = TorchHyper::from(&c.groups[1]);
