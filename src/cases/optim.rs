@@ -365,7 +365,7 @@ pub fn adamw_amsgrad_case(
     let mut rng = Rng::for_case(seed, &format!("{} vmax", case.label));
     let vmax = random_tensor(&mut rng, s, &[n], |r| r.uniform(1e-6, 2e-3));
     let flags: Vec<f64> = (0..=groups.len())
-        .map(|row| if row == 0 || row % 2 == 1 { 1.0 } else { 0.0 })
+        .map(|row| if row == 0 || row % 2 == 1 { 1.0 } else { -1.0 })
         .collect();
     case.args[8] = ArgValue::Tensor(vmax);
     case.args[9] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[flags.len()], &flags));
@@ -389,7 +389,7 @@ pub fn adamw_amsgrad_case(
                 <[f64; HP_COLS]>::try_from(&hp[row * HP_COLS..][..HP_COLS]).expect("8 columns");
             m[i] = beta1 * m[i] + c1 * g[i];
             v[i] = beta2 * v[i] + c2 * g[i] * g[i];
-            vmax[i] = if ams[row] != 0.0 {
+            vmax[i] = if ams[row] > 0.0 {
                 vmax[i].max(v[i])
             } else {
                 v[i]

@@ -16,6 +16,7 @@
 //! on a GPU the first call per shape picks the fastest through [`Ops::tuner`].
 
 use super::norm::{default_warps, max_rel_err, poisoned_on, random_on, rounding_tol};
+use super::plan::PlanKey;
 use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
 use kgen_core::types::DType;
 use kgen_runtime::{grid_1d, grid_x, Arg, Device, Tensor};
@@ -24,6 +25,13 @@ use kgen_runtime::{grid_1d, grid_x, Arg, Device, Tensor};
 const SWIGLU_TILES: [usize; 3] = [1024, 2048, 4096];
 /// ReLU BLOCK candidates, the default first.
 const RELU_BLOCKS: [usize; 3] = [2048, 4096, 1024];
+
+/// The tuner's labels of [`swiglu_configs`].
+fn swiglu_labels(cfgs: &[(usize, usize, u32)]) -> Vec<String> {
+    cfgs.iter()
+        .map(|(r, b, w)| format!("ROWS={r},BLOCK={b},warps={w}"))
+        .collect()
+}
 
 /// (ROWS, BLOCK, warps) candidates for rows of `h` elements: tiles of 1024, 2048, 4096
 /// elements at about 8 per thread, then 2048 at 16 per thread.
@@ -164,28 +172,28 @@ impl Ops {
     fn swiglu_2d(&self, gate: &Tensor, up: &Tensor, out: &Tensor, t: DType) -> Result<(), OpError> {
         let (rows, h) = (gate.shape()[0], gate.shape()[1]);
         let cfgs = swiglu_configs(h);
-        let labels: Vec<String> = cfgs
-            .iter()
-            .map(|(r, b, w)| format!("ROWS={r},BLOCK={b},warps={w}"))
-            .collect();
-        let key = format!("T={t},rows={rows},H={h},stride={}", gate.strides()[0]);
-        self.launch_tuned("swiglu", &key, &labels, |i, timed| {
-            let (r, b, w) = cfgs[i];
-            let k = self.kernel(
-                "swiglu",
-                "swiglu",
-                &[
-                    ("T", t.to_string()),
-                    ("ROWS", r.to_string()),
-                    ("BLOCK", b.to_string()),
-                ],
-                Some(w),
-                &[("gate", gate), ("up", up), ("out", out)],
-            )?;
-            let args = [Arg::from(gate), Arg::from(up), Arg::from(out)];
-            self.launch_maybe_timed(&k, swiglu_grid(rows, r, h, b)?, &args, timed)
-        })?;
-        Ok(())
+        let args = [Arg::from(gate), Arg::from(up), Arg::from(out)];
+        self.launch_planned(
+            PlanKey::new("swiglu").tensors(&[gate, up, out]),
+            &args,
+            || format!("T={t},rows={rows},H={h},stride={}", gate.strides()[0]),
+            || swiglu_labels(&cfgs),
+            |i| {
+                let (r, b, w) = cfgs[i];
+                let k = self.kernel(
+                    "swiglu",
+                    "swiglu",
+                    &[
+                        ("T", t.to_string()),
+                        ("ROWS", r.to_string()),
+                        ("BLOCK", b.to_string()),
+                    ],
+                    Some(w),
+                    &[("gate", gate), ("up", up), ("out", out)],
+                )?;
+                Ok((k, swiglu_grid(rows, r, h, b)?))
+            },
+        )
     }
 
     /// Gradients of [`Ops::swiglu`]: `(dgate, dup)`.
@@ -255,39 +263,40 @@ impl Ops {
     ) -> Result<(), OpError> {
         let (rows, h) = (gate.shape()[0], gate.shape()[1]);
         let cfgs = swiglu_configs(h);
-        let labels: Vec<String> = cfgs
-            .iter()
-            .map(|(r, b, w)| format!("ROWS={r},BLOCK={b},warps={w}"))
-            .collect();
-        let key = format!("T={t},rows={rows},H={h},stride={}", gate.strides()[0]);
-        self.launch_tuned("swiglu_bwd", &key, &labels, |i, timed| {
-            let (r, b, w) = cfgs[i];
-            let k = self.kernel(
-                "swiglu",
-                "swiglu_bwd",
-                &[
-                    ("T", t.to_string()),
-                    ("ROWS", r.to_string()),
-                    ("BLOCK", b.to_string()),
-                ],
-                Some(w),
-                &[
-                    ("gate", gate),
-                    ("up", up),
-                    ("dout", dout),
-                    ("dgate", dgate),
-                    ("dup", dup),
-                ],
-            )?;
-            let args = [
-                Arg::from(gate),
-                Arg::from(up),
-                Arg::from(dout),
-                Arg::from(dgate),
-                Arg::from(dup),
-            ];
-            self.launch_maybe_timed(&k, swiglu_grid(rows, r, h, b)?, &args, timed)
-        })?;
+        let args = [
+            Arg::from(gate),
+            Arg::from(up),
+            Arg::from(dout),
+            Arg::from(dgate),
+            Arg::from(dup),
+        ];
+        self.launch_planned(
+            PlanKey::new("swiglu_bwd").tensors(&[gate, up, dout, dgate, dup]),
+            &args,
+            || format!("T={t},rows={rows},H={h},stride={}", gate.strides()[0]),
+            || swiglu_labels(&cfgs),
+            |i| {
+                let (r, b, w) = cfgs[i];
+                let k = self.kernel(
+                    "swiglu",
+                    "swiglu_bwd",
+                    &[
+                        ("T", t.to_string()),
+                        ("ROWS", r.to_string()),
+                        ("BLOCK", b.to_string()),
+                    ],
+                    Some(w),
+                    &[
+                        ("gate", gate),
+                        ("up", up),
+                        ("dout", dout),
+                        ("dgate", dgate),
+                        ("dup", dup),
+                    ],
+                )?;
+                Ok((k, swiglu_grid(rows, r, h, b)?))
+            },
+        )?;
         Ok(())
     }
 
@@ -332,22 +341,23 @@ impl Ops {
     /// `relu` (inputs [x]) or `relu_bwd` (inputs [x, dy]) over flat tensors.
     fn relu_flat(
         &self,
-        name: &str,
+        name: &'static str,
         t: DType,
         inputs: &[&Tensor],
         out: &Tensor,
     ) -> Result<(), OpError> {
         let n = out.numel();
-        let blocks: Vec<usize> = RELU_BLOCKS
-            .iter()
-            .map(|&b| b.min(n.next_power_of_two().max(32)))
-            .fold(Vec::new(), |mut v, b| {
-                if !v.contains(&b) {
-                    v.push(b);
-                }
-                v
-            });
-        let labels: Vec<String> = blocks.iter().map(|b| format!("BLOCK={b}")).collect();
+        let blocks = || -> Vec<usize> {
+            RELU_BLOCKS
+                .iter()
+                .map(|&b| b.min(n.next_power_of_two().max(32)))
+                .fold(Vec::new(), |mut v, b| {
+                    if !v.contains(&b) {
+                        v.push(b);
+                    }
+                    v
+                })
+        };
         let names: &[&str] = if inputs.len() == 1 {
             &["x", "y"]
         } else {
@@ -357,18 +367,24 @@ impl Ops {
             names.iter().copied().zip(inputs.iter().copied()).collect();
         tensors.push((names[names.len() - 1], out));
         let args: Vec<Arg> = tensors.iter().map(|(_, t)| Arg::from(*t)).collect();
-        self.launch_tuned(name, &format!("T={t},n={n}"), &labels, |i, timed| {
-            let b = blocks[i];
-            let k = self.kernel(
-                "relu",
-                name,
-                &[("T", t.to_string()), ("BLOCK", b.to_string())],
-                None,
-                &tensors,
-            )?;
-            self.launch_maybe_timed(&k, grid_1d(n, b)?, &args, timed)
-        })?;
-        Ok(())
+        let key = PlanKey::new(name).tensors(inputs).tensor(out);
+        self.launch_planned(
+            key,
+            &args,
+            || format!("T={t},n={n}"),
+            || blocks().iter().map(|b| format!("BLOCK={b}")).collect(),
+            |i| {
+                let b = blocks()[i];
+                let k = self.kernel(
+                    "relu",
+                    name,
+                    &[("T", t.to_string()), ("BLOCK", b.to_string())],
+                    None,
+                    &tensors,
+                )?;
+                Ok((k, grid_1d(n, b)?))
+            },
+        )
     }
 }
 

@@ -20,6 +20,7 @@
 //! for the same shape, else the default).
 
 use super::norm::{max_rel_err, poisoned_on, random_on, rounding_tol};
+use super::plan::PlanKey;
 use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
 use kgen_core::types::DType;
 use kgen_runtime::autotune::Autotuner;
@@ -415,17 +416,22 @@ impl Ops {
         }
         let block = softmax_block(cols);
         let warps = warp_candidates(block);
-        let labels: Vec<String> = warps
-            .iter()
-            .map(|w| format!("BLOCK={block},warps={w}"))
-            .collect();
         let grid = grid_x(rows)?;
         let args: Vec<Arg> = tensors.iter().map(|(_, x)| Arg::from(*x)).collect();
-        self.launch_tuned(
-            op,
-            &format!("T={t},rows={rows},cols={cols}"),
-            &labels,
-            |i, timed| {
+        let key = tensors
+            .iter()
+            .fold(PlanKey::new(op), |k, (_, x)| k.tensor(x));
+        self.launch_planned(
+            key,
+            &args,
+            || format!("T={t},rows={rows},cols={cols}"),
+            || {
+                warps
+                    .iter()
+                    .map(|w| format!("BLOCK={block},warps={w}"))
+                    .collect()
+            },
+            |i| {
                 let k = self.kernel(
                     stem,
                     stem,
@@ -437,10 +443,9 @@ impl Ops {
                     Some(warps[i]),
                     tensors,
                 )?;
-                self.launch_maybe_timed(&k, grid, &args, timed)
+                Ok((k, grid))
             },
-        )?;
-        Ok(())
+        )
     }
 
     // ---------------------------------------------------------------- cross-entropy

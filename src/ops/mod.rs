@@ -18,7 +18,8 @@
 //!
 //! Files: `norm` (RMSNorm, LayerNorm fwd/bwd), `act` (SwiGLU, ReLU fwd/bwd), `rope`,
 //! `loss` (softmax, cross-entropy), `linear` (matmul), and [`crate::optim`] (AdamW,
-//! gradient norm and clipping); `capture` checks ops recorded into a CUDA graph.
+//! gradient norm and clipping); `plan` (the tuner's choice per shape, and the launch
+//! remembered per call signature); `capture` checks ops recorded into a CUDA graph.
 
 use kgen_core::types::DType;
 use kgen_core::{CompileOptions, SourceFile};
@@ -31,6 +32,7 @@ pub mod capture;
 pub mod linear;
 pub mod loss;
 pub mod norm;
+mod plan;
 pub mod rope;
 
 /// What an op can report.
@@ -69,6 +71,8 @@ pub struct Ops {
     /// The tuner's choices (candidate labels) as `launch_tuned` already asked for them,
     /// by "op|shape key".
     tuned: Mutex<HashMap<String, String>>,
+    /// Single-launch ops' remembered launches (`plan`).
+    plans: Mutex<HashMap<plan::PlanKey, plan::Plan>>,
 }
 
 impl Ops {
@@ -85,6 +89,7 @@ impl Ops {
             kernels: Mutex::new(HashMap::new()),
             tuner: kgen_runtime::autotune::Autotuner::from_env(),
             tuned: Mutex::new(HashMap::new()),
+            plans: Mutex::new(HashMap::new()),
         }
     }
 

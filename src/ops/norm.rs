@@ -20,11 +20,12 @@
 //! the default) and remembers the fastest; no call synchronizes the host otherwise.
 //!
 //! Also home of the small helpers the other op files of this group share
-//! ([`Ops::launch_tuned`], [`rows_cols`], [`max_rel_err`]).
+//! ([`rows_cols`], [`max_rel_err`]).
 
+use super::plan::PlanKey;
 use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{grid_1d, grid_x, Arg, Device, Kernel, RuntimeError, Tensor};
+use kgen_runtime::{grid_1d, grid_x, Arg, Device, Tensor};
 
 /// Largest row the forward kernels keep in registers (one tile); longer rows take the
 /// multi-pass path.
@@ -246,74 +247,7 @@ fn colsum_tile(cols: usize, sms: usize, min_rows: usize) -> (usize, usize) {
     (block, (4096 / block).max(min_rows))
 }
 
-fn as_runtime(e: OpError) -> RuntimeError {
-    match e {
-        OpError::Runtime(r) => r,
-        other => RuntimeError::LaunchConfig(other.to_string()),
-    }
-}
-
 impl Ops {
-    /// Runs one of several launch configurations: `run(i, timed)` launches candidate `i`
-    /// (`timed`: through `launch_timed`, returning ms). On a GPU with tuning enabled the
-    /// first call per (op, shape key) times every candidate and keeps the fastest; else
-    /// candidate 0. Candidates that fail to build are skipped while tuning. While the
-    /// stream captures a graph nothing is timed (timing synchronizes): the choice made
-    /// earlier for this shape, on disk or in memory, else candidate 0. Returns the index
-    /// launched.
-    pub(crate) fn launch_tuned(
-        &self,
-        op: &str,
-        shape_key: &str,
-        labels: &[String],
-        run: impl Fn(usize, bool) -> Result<f32, OpError>,
-    ) -> Result<usize, OpError> {
-        let i = if labels.len() > 1 && self.device().is_gpu() && self.tuner().enabled() {
-            // The tuner's answer for this call site and shape, remembered here: its own
-            // lookup formats a device-wide key and compares labels on every call.
-            let memo_key = format!("{op}|{shape_key}");
-            match self.tuned_memo(&memo_key, labels) {
-                Some(i) => i,
-                None if self.stream().is_capturing() => {
-                    let key = kgen_runtime::autotune::Autotuner::key(op, self.device(), shape_key);
-                    self.tuner()
-                        .stored(&key)
-                        .and_then(|l| labels.iter().position(|x| *x == l))
-                        .unwrap_or(0)
-                }
-                None => {
-                    let i = self
-                        .tuner()
-                        .pick(op, self.device(), shape_key, labels, |i| {
-                            run(i, true).map_err(as_runtime)
-                        });
-                    self.remember_tuned(memo_key, &labels[i]);
-                    i
-                }
-            }
-        } else {
-            0
-        };
-        run(i, false)?;
-        Ok(i)
-    }
-
-    /// Launches `k`, timed (ms, synchronizing) or not (0.0).
-    pub(crate) fn launch_maybe_timed(
-        &self,
-        k: &Kernel,
-        grid: [u32; 3],
-        args: &[Arg],
-        timed: bool,
-    ) -> Result<f32, OpError> {
-        if timed {
-            Ok(self.device().launch_timed(self.stream(), k, grid, args)?)
-        } else {
-            self.launch(k, grid, args)?;
-            Ok(0.0)
-        }
-    }
-
     // ---------------------------------------------------------------- RMSNorm
 
     /// `y = x * rstd * w`, `rstd = 1/sqrt(mean(x²) + eps)` over the last dim.
@@ -346,12 +280,19 @@ impl Ops {
         expect(OP, "rstd", rstd, DType::F32, &[rows])?;
         let (x2, y2) = (rows_view(OP, x, rows, cols)?, rows_view(OP, y, rows, cols)?);
         let cfgs = fwd_configs(rows, cols, self.sm_count());
-        let labels: Vec<String> = cfgs.iter().map(FwdConfig::label).collect();
-        self.launch_tuned(
-            OP,
-            &format!("T={t},rows={rows},cols={cols}"),
-            &labels,
-            |i, timed| {
+        let args = [
+            Arg::from(&x2),
+            Arg::from(w),
+            Arg::from(&y2),
+            Arg::from(rstd),
+            Arg::from(eps),
+        ];
+        self.launch_planned(
+            PlanKey::new(OP).tensors(&[&x2, w, &y2, rstd]),
+            &args,
+            || format!("T={t},rows={rows},cols={cols}"),
+            || cfgs.iter().map(FwdConfig::label).collect(),
+            |i| {
                 let c = cfgs[i];
                 let k = self.kernel(
                     OP,
@@ -360,17 +301,9 @@ impl Ops {
                     Some(c.warps),
                     &[("x", &x2), ("w", w), ("y", &y2), ("rstd", rstd)],
                 )?;
-                let args = [
-                    Arg::from(&x2),
-                    Arg::from(w),
-                    Arg::from(&y2),
-                    Arg::from(rstd),
-                    Arg::from(eps),
-                ];
-                self.launch_maybe_timed(&k, c.grid(rows)?, &args, timed)
+                Ok((k, c.grid(rows)?))
             },
-        )?;
-        Ok(())
+        )
     }
 
     /// Gradients of [`Ops::rmsnorm`] given the saved `rstd`: `(dx [like x], dw [C])`.
@@ -553,12 +486,21 @@ impl Ops {
         expect(OP, "rstd", rstd, DType::F32, &[rows])?;
         let (x2, y2) = (rows_view(OP, x, rows, cols)?, rows_view(OP, y, rows, cols)?);
         let cfgs = fwd_configs(rows, cols, self.sm_count());
-        let labels: Vec<String> = cfgs.iter().map(FwdConfig::label).collect();
-        self.launch_tuned(
-            OP,
-            &format!("T={t},rows={rows},cols={cols}"),
-            &labels,
-            |i, timed| {
+        let args = [
+            Arg::from(&x2),
+            Arg::from(w),
+            Arg::from(b),
+            Arg::from(&y2),
+            Arg::from(mean),
+            Arg::from(rstd),
+            Arg::from(eps),
+        ];
+        self.launch_planned(
+            PlanKey::new(OP).tensors(&[&x2, w, b, &y2, mean, rstd]),
+            &args,
+            || format!("T={t},rows={rows},cols={cols}"),
+            || cfgs.iter().map(FwdConfig::label).collect(),
+            |i| {
                 let c = cfgs[i];
                 let k = self.kernel(
                     OP,
@@ -574,19 +516,9 @@ impl Ops {
                         ("rstd", rstd),
                     ],
                 )?;
-                let args = [
-                    Arg::from(&x2),
-                    Arg::from(w),
-                    Arg::from(b),
-                    Arg::from(&y2),
-                    Arg::from(mean),
-                    Arg::from(rstd),
-                    Arg::from(eps),
-                ];
-                self.launch_maybe_timed(&k, c.grid(rows)?, &args, timed)
+                Ok((k, c.grid(rows)?))
             },
-        )?;
-        Ok(())
+        )
     }
 
     /// Gradients of [`Ops::layernorm`] given the saved `mean`, `rstd`:

@@ -13,6 +13,7 @@
 //! GPU the first call per shape picks the fastest through [`Ops::tuner`].
 
 use super::norm::{max_rel_err, poisoned_on, random_on, rounding_tol};
+use super::plan::PlanKey;
 use super::{as_rows, dtype_err, float_dtype, shape_err, OpError, Ops};
 use kgen_core::types::DType;
 use kgen_runtime::{grid_1d, Arg, Device, Tensor};
@@ -154,51 +155,62 @@ impl Ops {
         let rows = b * s * h;
         let x2 = as_rows(op, x)?;
         let o2 = as_rows(op, out)?;
-        let mut cands: Vec<usize> = Vec::new();
-        for m in [16, 32, 8] {
-            let r = gcd(h.max(1), m);
-            if !cands.contains(&r) {
-                cands.push(r);
+        let cands = || -> Vec<usize> {
+            let mut v: Vec<usize> = Vec::new();
+            for m in [16, 32, 8] {
+                let r = gcd(h.max(1), m);
+                if !v.contains(&r) {
+                    v.push(r);
+                }
             }
-        }
+            v
+        };
         let token_grid = s <= 65535 && b <= 65535;
-        let labels: Vec<String> = cands.iter().map(|r| format!("ROWS={r}")).collect();
-        let key = format!("T={t},C={c},B={b},S={s},H={h},D={d},bwd={backward}");
         let name = if backward { "rope_bwd" } else { "rope" };
-        self.launch_tuned(name, &key, &labels, |i, timed| {
-            let r = cands[i];
-            let k = self.kernel(
-                "rope",
-                "rope",
-                &[
-                    ("T", t.to_string()),
-                    ("C", c.to_string()),
-                    ("HEAD_DIM", d.to_string()),
-                    ("ROWS", r.to_string()),
-                    ("BACKWARD", backward.to_string()),
-                    ("TOKEN_GRID", token_grid.to_string()),
-                ],
-                None,
-                &[("x", &x2), ("cos", cos), ("sin", sin), ("out", &o2)],
-            )?;
-            let args = [
-                Arg::from(&x2),
-                Arg::from(cos),
-                Arg::from(sin),
-                Arg::from(&o2),
-                Arg::from(h as i32),
-                Arg::from(s as i32),
-            ];
-            // Every candidate divides H; the token grid [H / r, S, B] needs S and B
-            // within the grid's y and z limits.
-            let grid = if token_grid {
-                [(h / r) as u32, s as u32, b as u32]
-            } else {
-                grid_1d(rows, r)?
-            };
-            self.launch_maybe_timed(&k, grid, &args, timed)
-        })?;
-        Ok(())
+        let args = [
+            Arg::from(&x2),
+            Arg::from(cos),
+            Arg::from(sin),
+            Arg::from(&o2),
+            Arg::from(h as i32),
+            Arg::from(s as i32),
+        ];
+        let key = PlanKey::new(name)
+            .tensors(&[&x2, cos, sin, &o2])
+            .word(b as u64)
+            .word(s as u64)
+            .word(h as u64);
+        self.launch_planned(
+            key,
+            &args,
+            || format!("T={t},C={c},B={b},S={s},H={h},D={d},bwd={backward}"),
+            || cands().iter().map(|r| format!("ROWS={r}")).collect(),
+            |i| {
+                let r = cands()[i];
+                let k = self.kernel(
+                    "rope",
+                    "rope",
+                    &[
+                        ("T", t.to_string()),
+                        ("C", c.to_string()),
+                        ("HEAD_DIM", d.to_string()),
+                        ("ROWS", r.to_string()),
+                        ("BACKWARD", backward.to_string()),
+                        ("TOKEN_GRID", token_grid.to_string()),
+                    ],
+                    None,
+                    &[("x", &x2), ("cos", cos), ("sin", sin), ("out", &o2)],
+                )?;
+                // Every candidate divides H; the token grid [H / r, S, B] needs S and B
+                // within the grid's y and z limits.
+                let grid = if token_grid {
+                    [(h / r) as u32, s as u32, b as u32]
+                } else {
+                    grid_1d(rows, r)?
+                };
+                Ok((k, grid))
+            },
+        )
     }
 }
 

@@ -301,7 +301,7 @@ pub struct AdamW {
     count: Tensor,
     cap: Tensor,
     /// AMSGrad: `max_exp_avg_sq [N]` (state dtype) and the per-group flags `[groups]`
-    /// (f32 1 / 0) when some group has `amsgrad`; otherwise 1-element placeholders the
+    /// (f32 1 on / -1 off) when some group has `amsgrad`; otherwise 1-element placeholders the
     /// kernel does not read.
     vmax: Tensor,
     ams: Tensor,
@@ -412,7 +412,10 @@ impl AdamW {
         let cap = device.zeros(DType::F32, &[groups.len(), CAP_COLS])?;
         let amsgrad = groups.iter().any(|g| g.amsgrad);
         let (vmax, ams) = if amsgrad {
-            let flags: Vec<f32> = groups.iter().map(|g| g.amsgrad as u8 as f32).collect();
+            let flags: Vec<f32> = groups
+                .iter()
+                .map(|g| if g.amsgrad { 1.0 } else { -1.0 })
+                .collect();
             (
                 device.zeros(state_dtype, &[n])?,
                 device.from_slice(&[flags.len()], &flags)?,

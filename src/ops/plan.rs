@@ -1,0 +1,244 @@
+//! Choosing an op's launch configuration (the autotuner) and remembering the choice per
+//! call signature, so that a warm op call is: shape checks, one map lookup, the launch.
+//!
+//! Assumes: a single-launch op's kernel and grid depend only on what its [`PlanKey`]
+//! holds (the op, every tensor's dtype, shape, strides and alignment, and the extra
+//! words the op adds for scalars that select a kernel), and its arguments are the same
+//! for every candidate configuration.
+//! Guarantees: [`Ops::launch_planned`] launches exactly what the slow path (candidate
+//! labels, the tuner, the kernel map) would choose for the same key; a choice made while
+//! the stream captures a graph without a recorded tuner answer (candidate 0, untimed) is
+//! not remembered, so the first call outside the capture still tunes.
+
+use super::{OpError, Ops};
+use kgen_runtime::{tensor_alignment, Arg, Kernel, RuntimeError, Tensor};
+use std::sync::Arc;
+
+/// What a single-launch op's launch depends on: the op and a list of words.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct PlanKey {
+    op: &'static str,
+    words: Vec<u64>,
+}
+
+impl PlanKey {
+    pub(crate) fn new(op: &'static str) -> PlanKey {
+        PlanKey {
+            op,
+            words: Vec::with_capacity(32),
+        }
+    }
+
+    /// A scalar that selects the kernel or the grid (a flag, a head count, ...).
+    pub(crate) fn word(mut self, w: u64) -> PlanKey {
+        self.words.push(w);
+        self
+    }
+
+    /// A tensor argument: dtype, rank, extents, strides and alignment.
+    pub(crate) fn tensor(mut self, t: &Tensor) -> PlanKey {
+        self.words.push(t.dtype() as u64);
+        self.words.push(t.rank() as u64);
+        self.words.extend(t.shape().iter().map(|&d| d as u64));
+        self.words.extend(t.strides().iter().map(|&s| s as u64));
+        self.words.push(tensor_alignment(t) as u64);
+        self
+    }
+
+    pub(crate) fn tensors(self, ts: &[&Tensor]) -> PlanKey {
+        ts.iter().fold(self, |k, t| k.tensor(t))
+    }
+}
+
+/// A remembered launch: the kernel and its grid.
+#[derive(Clone)]
+pub(crate) struct Plan {
+    kernel: Arc<Kernel>,
+    grid: [u32; 3],
+}
+
+pub(super) fn as_runtime(e: OpError) -> RuntimeError {
+    match e {
+        OpError::Runtime(r) => r,
+        other => RuntimeError::LaunchConfig(other.to_string()),
+    }
+}
+
+impl Ops {
+    /// Which of several launch configurations to run: `time(i)` launches candidate `i`
+    /// timed (ms). On a GPU with tuning enabled the first call per (op, shape key) times
+    /// every candidate and keeps the fastest; else candidate 0. Candidates that fail to
+    /// build are skipped while tuning. While the stream captures a graph nothing is
+    /// timed (timing synchronizes): the choice made earlier for this shape, on disk or in
+    /// memory, else candidate 0. Returns the index and whether the choice is settled
+    /// (false only for that last fallback).
+    fn choose(
+        &self,
+        op: &str,
+        shape_key: &str,
+        labels: &[String],
+        time: impl Fn(usize) -> Result<f32, OpError>,
+    ) -> (usize, bool) {
+        if !(labels.len() > 1 && self.device().is_gpu() && self.tuner().enabled()) {
+            return (0, true);
+        }
+        // The tuner's answer for this call site and shape, remembered here: its own
+        // lookup formats a device-wide key and compares labels on every call.
+        let memo_key = format!("{op}|{shape_key}");
+        if let Some(i) = self.tuned_memo(&memo_key, labels) {
+            return (i, true);
+        }
+        if self.stream().is_capturing() {
+            let key = kgen_runtime::autotune::Autotuner::key(op, self.device(), shape_key);
+            return match self
+                .tuner()
+                .stored(&key)
+                .and_then(|l| labels.iter().position(|x| *x == l))
+            {
+                Some(i) => (i, true),
+                None => (0, false),
+            };
+        }
+        let i = self
+            .tuner()
+            .pick(op, self.device(), shape_key, labels, |i| {
+                time(i).map_err(as_runtime)
+            });
+        self.remember_tuned(memo_key, &labels[i]);
+        (i, true)
+    }
+
+    /// Runs one of several launch configurations: `run(i, timed)` launches candidate `i`
+    /// (`timed`: through `launch_timed`, returning ms), as [`Ops::choose`] picks it.
+    /// Returns the index launched. (Ops of several launches; a single-launch op uses
+    /// [`Ops::launch_planned`].)
+    pub(crate) fn launch_tuned(
+        &self,
+        op: &str,
+        shape_key: &str,
+        labels: &[String],
+        run: impl Fn(usize, bool) -> Result<f32, OpError>,
+    ) -> Result<usize, OpError> {
+        let (i, _) = self.choose(op, shape_key, labels, |i| run(i, true));
+        run(i, false)?;
+        Ok(i)
+    }
+
+    /// A single-launch op: the plan remembered for `key`, else `labels()` candidates
+    /// (their shape key `shape_key()` for the tuner), `resolve(i)` giving candidate
+    /// `i`'s kernel and grid, chosen as [`Ops::choose`] does and remembered. `args` are
+    /// every candidate's arguments.
+    pub(crate) fn launch_planned(
+        &self,
+        key: PlanKey,
+        args: &[Arg],
+        shape_key: impl FnOnce() -> String,
+        labels: impl FnOnce() -> Vec<String>,
+        resolve: impl Fn(usize) -> Result<(Arc<Kernel>, [u32; 3]), OpError>,
+    ) -> Result<(), OpError> {
+        let known = self.plans.lock().ok().and_then(|m| m.get(&key).cloned());
+        if let Some(p) = known {
+            return self.launch(&p.kernel, p.grid, args);
+        }
+        let (labels, shape_key) = (labels(), shape_key());
+        let (i, settled) = self.choose(key.op, &shape_key, &labels, |i| {
+            let (k, grid) = resolve(i)?;
+            Ok(self.device().launch_timed(self.stream(), &k, grid, args)?)
+        });
+        let (kernel, grid) = resolve(i)?;
+        self.launch(&kernel, grid, args)?;
+        if settled {
+            if let Ok(mut m) = self.plans.lock() {
+                m.insert(key, Plan { kernel, grid });
+            }
+        }
+        Ok(())
+    }
+
+    /// Launches `k`, timed (ms, synchronizing) or not (0.0).
+    pub(crate) fn launch_maybe_timed(
+        &self,
+        k: &Kernel,
+        grid: [u32; 3],
+        args: &[Arg],
+        timed: bool,
+    ) -> Result<f32, OpError> {
+        if timed {
+            Ok(self.device().launch_timed(self.stream(), k, grid, args)?)
+        } else {
+            self.launch(k, grid, args)?;
+            Ok(0.0)
+        }
+    }
+}
+
+impl Ops {
+    /// How many launches are remembered (tests).
+    #[cfg(test)]
+    pub(crate) fn plan_count(&self) -> usize {
+        self.plans.lock().map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kgen_core::types::DType;
+    use kgen_runtime::Device;
+
+    /// A warm call reuses the remembered launch; a view with another alignment, shape or
+    /// dtype gets its own (reusing the aligned kernel for a misaligned view would be a
+    /// `Misaligned` launch error, or a wrong result), and each result is right.
+    #[test]
+    fn plans_are_per_signature_and_results_stay_right() {
+        let d = Device::interpreter();
+        let ops = Ops::new(&d);
+        let n = 1001;
+        let xs: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin()).collect();
+        let x = d.from_f64(DType::F32, &[n], &xs).unwrap();
+        let xs = x.to_f64_vec().unwrap(); // as stored
+        let check = |x: &Tensor, want: &[f64]| {
+            let y = d
+                .from_f64(x.dtype(), x.shape(), &vec![f64::NAN; x.numel()])
+                .unwrap();
+            ops.relu_into(x, &y).unwrap();
+            let got = y.to_f64_vec().unwrap();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                assert_eq!(*g, w.max(0.0));
+            }
+        };
+        check(&x, &xs);
+        assert_eq!(ops.plan_count(), 1);
+        check(&x, &xs);
+        assert_eq!(ops.plan_count(), 1, "the same signature reuses its plan");
+        // 4-byte aligned view, another length, another dtype: three more plans.
+        check(&x.narrow(0, 1, n - 1).unwrap(), &xs[1..]);
+        check(&x.narrow(0, 0, 7).unwrap(), &xs[..7]);
+        let xb = d.from_f64(DType::BF16, &[n], &xs).unwrap();
+        let rounded = xb.to_f64_vec().unwrap();
+        check(&xb, &rounded);
+        assert_eq!(ops.plan_count(), 4);
+        // And back: the first plan still serves the first signature.
+        check(&x, &xs);
+        assert_eq!(ops.plan_count(), 4);
+    }
+
+    #[test]
+    fn keys_cover_every_tensor_property() {
+        let d = Device::interpreter();
+        let a = d.empty(DType::F32, &[4, 8]).unwrap();
+        let key = |t: &Tensor| PlanKey::new("op").tensor(t);
+        let base = key(&a);
+        assert_eq!(base, key(&a.clone()));
+        assert_ne!(base, key(&d.empty(DType::F16, &[4, 8]).unwrap()));
+        assert_ne!(base, key(&a.reshape(&[8, 4]).unwrap()));
+        assert_ne!(base, key(&a.transpose(0, 1).unwrap()));
+        assert_ne!(base, key(&a.narrow(1, 1, 7).unwrap()));
+        // Same shape, another row stride (and alignment).
+        let wide = d.empty(DType::F32, &[4, 9]).unwrap();
+        assert_ne!(base, key(&wide.narrow(1, 0, 8).unwrap()));
+        assert_ne!(base, PlanKey::new("other").tensor(&a));
+        assert_ne!(base, key(&a).word(3));
+    }
+}
