@@ -541,6 +541,24 @@ fn rope_tables_match_the_f64_formula() {
     }
     assert!(is_shape(Ops::rope_tables(&d, 4, 7, base)));
     assert!(is_shape(Ops::rope_tables(&d, 4, 8, -1.0)));
+    // Half tables: the f64 values rounded once (bf16 and f16: within half an ulp).
+    for (t, half_ulp) in [(DType::BF16, 2f64.powi(-8)), (DType::F16, 2f64.powi(-11))] {
+        let (ch, sh) = Ops::rope_tables_as(&d, t, s, dim, base).unwrap();
+        assert_eq!(
+            (ch.shape(), ch.dtype(), sh.dtype()),
+            (&[s, dim / 2][..], t, t)
+        );
+        let (ch, sh) = (ch.to_f64_vec().unwrap(), sh.to_f64_vec().unwrap());
+        for k in 0..s * dim / 2 {
+            assert!((ch[k] - c[k]).abs() <= half_ulp * c[k].abs().max(2f64.powi(-14)) + 1e-7);
+            assert!((sh[k] - sn[k]).abs() <= half_ulp * sn[k].abs().max(2f64.powi(-14)) + 1e-7);
+        }
+        assert!(ch.iter().zip(&c).any(|(a, b)| a != b), "{t}: not rounded");
+    }
+    assert!(matches!(
+        Ops::rope_tables_as(&d, DType::I32, 4, 8, base),
+        Err(kgen::ops::OpError::Dtype { .. })
+    ));
 }
 
 #[test]

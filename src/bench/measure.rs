@@ -243,7 +243,8 @@ pub fn prepare<'a>(ops: &'a Ops, kind: &Kind, seed: u64) -> Result<Prepared<'a>,
         }
         Kind::Rope { b, s, h, d, bwd } => {
             let q = rnd(bf, &[b, s, h, d], normal(1.0), 1)?;
-            let (cos, sin) = Ops::rope_tables(&dev, s, d, 10000.0)?;
+            // bf16 tables, as the torch peer's (Hugging Face Llama's `cos.to(x.dtype)`).
+            let (cos, sin) = Ops::rope_tables_as(&dev, bf, s, d, 10000.0)?;
             let out = nan(bf, &[b, s, h, d])?;
             let mut outputs = vec![("out", out.clone())];
             if !bwd {

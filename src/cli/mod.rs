@@ -6,6 +6,7 @@ mod bench;
 mod common;
 mod compile;
 mod run;
+mod run_bench;
 mod selftest;
 mod selftest_ops;
 mod train;
@@ -135,6 +136,13 @@ struct RunArgs {
     /// Do not use a GPU even when there is one.
     #[arg(long)]
     no_gpu: bool,
+    /// Time the kernel on the GPU instead of checking it: the median of N launches
+    /// (default 50) after 10 warm-up launches, each after a 256 MB write that empties the
+    /// L2, timed with CUDA events (as `kgen bench` and triton's do_bench), with GB/s over
+    /// the bytes of the tensors it reads and writes. Skips the interpreter.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "50",
+          value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "no_gpu")]
+    bench: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -223,6 +231,48 @@ mod tests {
         };
         assert_eq!((a.steps, a.no_gpu), (Some(5), true));
         assert!(Cli::try_parse_from(["kgen", "train", "--steps", "0"]).is_err());
+    }
+
+    #[test]
+    fn run_bench_takes_an_optional_count_and_refuses_no_gpu() {
+        let parse = |extra: &[&str]| {
+            let mut v = vec!["kgen", "run", "k.kg", "--grid", "4"];
+            v.extend_from_slice(extra);
+            Cli::try_parse_from(v).map(|c| match c.command {
+                Some(Command::Run(a)) => a.bench,
+                _ => panic!("not run"),
+            })
+        };
+        assert_eq!(parse(&[]).unwrap(), None);
+        assert_eq!(parse(&["--bench"]).unwrap(), Some(50));
+        assert_eq!(parse(&["--bench", "200"]).unwrap(), Some(200));
+        assert!(parse(&["--bench", "0"]).is_err());
+        assert!(parse(&["--bench", "--no-gpu"]).is_err());
+    }
+
+    /// Without a GPU, `--bench` is a message naming why, not a panic or an interpreter
+    /// run (skipped on a GPU machine).
+    #[test]
+    fn run_bench_without_a_gpu_says_why() {
+        if kgen::runtime::driver_present() {
+            eprintln!("skipped: this machine has a CUDA driver");
+            return;
+        }
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels-src/vec_add.kg");
+        let c = Cli::try_parse_from([
+            "kgen", "run", file, "--grid", "1", "--arg", "x=100", "--arg", "y=100", "--arg",
+            "out=100", "--bench",
+        ])
+        .unwrap();
+        let Some(Command::Run(a)) = c.command else {
+            panic!("not run")
+        };
+        match run::run(a) {
+            Err(CliError::Msg(m)) => {
+                assert!(m.starts_with("--bench times the kernel on a GPU"), "{m}")
+            }
+            other => panic!("expected the no-GPU message, got {other:?}"),
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `kgen run`: one kernel on random inputs, in the interpreter and (when there is one)
-//! on the GPU, with a comparison of the two.
+//! on the GPU, with a comparison of the two; `--bench` times it on the GPU instead
+//! (`run_bench`).
 
 use super::common::{
     fmt_err, open_gpu, options, print_diags, read_source, say, CliError, CliResult,
@@ -321,6 +322,14 @@ pub fn run(a: RunArgs) -> CliResult {
         "kernel {} ({}), grid [{}, {}, {}], {} threads/block",
         kernel.entry, kernel.arch, grid[0], grid[1], grid[2], kernel.launch.threads_per_block
     ));
+    if let Some(runs) = a.bench {
+        if gpu.is_none() {
+            return Err(CliError::Msg(format!(
+                "--bench times the kernel on a GPU, and there is none ({no_gpu_why})"
+            )));
+        }
+        return super::run_bench::time_kernel(&file, &opts, &args, grid, runs);
+    }
 
     let mut iargs = args.clone();
     let t0 = Instant::now();

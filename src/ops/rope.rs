@@ -35,7 +35,26 @@ impl Ops {
         head_dim: usize,
         base: f64,
     ) -> Result<(Tensor, Tensor), OpError> {
+        Ops::rope_tables_as(device, DType::F32, seq_len, head_dim, base)
+    }
+
+    /// [`Ops::rope_tables`] rounded once to `dtype` (f32, f16 or bf16). Half tables are
+    /// what Hugging Face's Llama passes (`cos.to(x.dtype)`): half the table traffic, and
+    /// the rotation then carries the table's rounding (2^-9 relative for bf16).
+    pub fn rope_tables_as(
+        device: &Device,
+        dtype: DType,
+        seq_len: usize,
+        head_dim: usize,
+        base: f64,
+    ) -> Result<(Tensor, Tensor), OpError> {
         const OP: &str = "rope_tables";
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(super::dtype_err(
+                OP,
+                format!("tables must be f32, f16 or bf16, got {dtype}"),
+            ));
+        }
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(shape_err(
                 OP,
@@ -62,8 +81,8 @@ impl Ops {
             }
         }
         Ok((
-            device.from_f64(DType::F32, &[seq_len, half], &cos)?,
-            device.from_f64(DType::F32, &[seq_len, half], &sin)?,
+            device.from_f64(dtype, &[seq_len, half], &cos)?,
+            device.from_f64(dtype, &[seq_len, half], &sin)?,
         ))
     }
 
@@ -218,14 +237,15 @@ impl Ops {
 pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
     let ops = Ops::new(device);
     let mut out = Vec::new();
-    for &(b, s, h, d, t) in &[
-        (2usize, 100usize, 12usize, 64usize, DType::BF16),
-        (1, 37, 7, 128, DType::F32),
-        (3, 9, 5, 6, DType::F16),
+    for &(b, s, h, d, t, c) in &[
+        (2usize, 100usize, 12usize, 64usize, DType::BF16, DType::F32),
+        (2, 100, 32, 128, DType::BF16, DType::BF16),
+        (1, 37, 7, 128, DType::F32, DType::F32),
+        (3, 9, 5, 6, DType::F16, DType::F32),
     ] {
         out.push((
-            format!("rope fwd+bwd {t} [{b}x{s}x{h}x{d}]"),
-            check_rope(&ops, [b, s, h, d], t),
+            format!("rope fwd+bwd {t} [{b}x{s}x{h}x{d}], {c} tables"),
+            check_rope(&ops, [b, s, h, d], t, c),
         ));
     }
     out
@@ -235,13 +255,13 @@ fn read(t: &Tensor) -> Result<Vec<f64>, String> {
     t.to_f64_vec().map_err(|e| e.to_string())
 }
 
-fn check_rope(ops: &Ops, shape: [usize; 4], t: DType) -> Result<f64, String> {
+fn check_rope(ops: &Ops, shape: [usize; 4], t: DType, c: DType) -> Result<f64, String> {
     let dev = ops.device();
     let e = |x: OpError| x.to_string();
     let [b, s, h, d] = shape;
     let mut rng = crate::cases::Rng::new(41);
     let (x, xv) = random_on(dev, &mut rng, t, &shape, None)?;
-    let (cos, sin) = Ops::rope_tables(dev, s + 3, d, 10000.0).map_err(e)?;
+    let (cos, sin) = Ops::rope_tables_as(dev, c, s + 3, d, 10000.0).map_err(e)?;
     let (out, dx) = (poisoned_on(dev, t, &shape)?, poisoned_on(dev, t, &shape)?);
     ops.rope_into(&x, &cos, &sin, &out).map_err(e)?;
     ops.rope_backward_into(&x, &cos, &sin, &dx).map_err(e)?;
