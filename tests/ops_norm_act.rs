@@ -235,6 +235,48 @@ fn layernorm_forward_and_backward_match_f64_on_awkward_shapes() {
     }
 }
 
+/// The norm backwards reuse one scratch buffer across calls (growing it when a shape
+/// needs more): calls of changing sizes on one handle give bit-for-bit what a fresh
+/// handle (a fresh buffer) gives.
+#[test]
+fn norm_backward_workspace_reuse_matches_fresh_handles() {
+    let d = Device::interpreter();
+    let ops = Ops::new(&d);
+    let mut rng = Rng::new(77);
+    for &(rows, cols) in &[
+        (5usize, 300usize),
+        (33, 1000),
+        (5, 300),
+        (2, 4097),
+        (33, 1000),
+    ] {
+        let t = DType::BF16;
+        let x = d
+            .from_f64(t, &[rows, cols], &rand_vec(&mut rng, rows * cols))
+            .unwrap();
+        let dy = d
+            .from_f64(t, &[rows, cols], &rand_vec(&mut rng, rows * cols))
+            .unwrap();
+        let w = d.from_f64(t, &[cols], &rand_vec(&mut rng, cols)).unwrap();
+        let b = d.from_f64(t, &[cols], &rand_vec(&mut rng, cols)).unwrap();
+        let run = |ops: &Ops| {
+            let (_, rstd) = ops.rmsnorm(&x, &w, 1e-6).unwrap();
+            let (dx, dw) = ops.rmsnorm_backward(&x, &w, &rstd, &dy).unwrap();
+            let (_, mean, rstd) = ops.layernorm(&x, &w, &b, 1e-5).unwrap();
+            let (lx, lw, lb) = ops.layernorm_backward(&x, &w, &mean, &rstd, &dy).unwrap();
+            [dx, dw, lx, lw, lb].map(|t| t.to_f64_vec().unwrap())
+        };
+        let (reused, fresh) = (run(&ops), run(&Ops::new(&d)));
+        for (k, (a, f)) in reused.iter().zip(&fresh).enumerate() {
+            assert!(
+                a.iter().all(|v| v.is_finite()),
+                "[{rows}, {cols}] output {k}"
+            );
+            assert_eq!(a, f, "[{rows}, {cols}] output {k}");
+        }
+    }
+}
+
 #[test]
 fn norm_gradients_match_finite_differences() {
     let d = Device::interpreter();

@@ -73,6 +73,10 @@ pub struct Ops {
     tuned: Mutex<HashMap<String, String>>,
     /// Single-launch ops' remembered launches (`plan`).
     plans: Mutex<HashMap<plan::PlanKey, plan::Plan>>,
+    /// The f32 scratch buffer of ops that pass partial results between their launches
+    /// (the norm backwards' dw / db partials), reused across calls: see
+    /// [`Ops::take_workspace`].
+    workspace: Mutex<Option<Tensor>>,
 }
 
 impl Ops {
@@ -90,6 +94,7 @@ impl Ops {
             tuner: kgen_runtime::autotune::Autotuner::from_env(),
             tuned: Mutex::new(HashMap::new()),
             plans: Mutex::new(HashMap::new()),
+            workspace: Mutex::new(None),
         }
     }
 
@@ -184,6 +189,35 @@ impl Ops {
     /// Launches on this handle's stream.
     pub fn launch(&self, k: &Kernel, grid: [u32; 3], args: &[Arg]) -> Result<(), OpError> {
         Ok(self.device.launch(&self.stream, k, grid, args)?)
+    }
+
+    /// An f32 scratch tensor of `shape` (the returned pair's second; the first is the
+    /// whole buffer), for partial results passed between one call's launches: the
+    /// handle's cached buffer when it is free and large enough, else a fresh one. Hand
+    /// the buffer back with [`Ops::give_back_workspace`] once the call's launches are
+    /// queued: the next call's launches queue behind them on this handle's stream, so
+    /// reusing it is ordered, and a call on another thread meanwhile gets its own. (The
+    /// cached buffer also outlives the launches queued on it, which a temporary dropped
+    /// at the end of the call does not when this handle's stream is not the device's.)
+    pub(crate) fn take_workspace(&self, shape: &[usize]) -> Result<(Tensor, Tensor), OpError> {
+        let numel: usize = shape.iter().product();
+        let cached = self.workspace.lock().ok().and_then(|mut w| w.take());
+        let buf = match cached {
+            Some(t) if t.numel() >= numel => t,
+            _ => self.empty(DType::F32, &[numel.max(1)])?,
+        };
+        let view = buf.narrow(0, 0, numel)?.reshape(shape)?;
+        Ok((buf, view))
+    }
+
+    /// Returns a [`Ops::take_workspace`] buffer (the cache keeps the larger of it and the
+    /// one it holds).
+    pub(crate) fn give_back_workspace(&self, buf: Tensor) {
+        if let Ok(mut w) = self.workspace.lock() {
+            if !matches!(&*w, Some(old) if old.numel() >= buf.numel()) {
+                *w = Some(buf);
+            }
+        }
     }
 
     /// A fresh contiguous output tensor.

@@ -346,7 +346,7 @@ impl Ops {
         let dx2 = rows_view(OP, dx, rows, cols)?;
         let cfgs = self.bwd_configs(rows, cols);
         let g_max = cfgs.iter().map(|c| c.g).max().unwrap_or(1);
-        let partial_all = self.empty(DType::F32, &[g_max, cols])?;
+        let (workspace, partial_all) = self.take_workspace(&[g_max, cols])?;
         let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
         let key = format!("T={t},rows={rows},cols={cols}");
         self.launch_tuned("rmsnorm_bwd", &key, &labels, |i, timed| {
@@ -403,6 +403,7 @@ impl Ops {
             let args = [Arg::from(&part), Arg::from(dw)];
             Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, timed)?)
         })?;
+        self.give_back_workspace(workspace);
         Ok(())
     }
 
@@ -569,7 +570,7 @@ impl Ops {
         let dx2 = rows_view(OP, dx, rows, cols)?;
         let cfgs = self.bwd_configs(rows, cols);
         let g_max = cfgs.iter().map(|c| c.g).max().unwrap_or(1);
-        let parts = self.empty(DType::F32, &[2, g_max, cols])?;
+        let (workspace, parts) = self.take_workspace(&[2, g_max, cols])?;
         let (pw_all, pb_all) = (parts.select(0, 0)?, parts.select(0, 1)?);
         let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
         let key = format!("T={t},rows={rows},cols={cols}");
@@ -633,6 +634,7 @@ impl Ops {
             let args = [Arg::from(&pw), Arg::from(&pb), Arg::from(dw), Arg::from(db)];
             Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, timed)?)
         })?;
+        self.give_back_workspace(workspace);
         Ok(())
     }
 }
