@@ -1,11 +1,12 @@
 //! Zero-copy interop with cudarc buffers: [`Device::tensor_from_cudarc`] views a
 //! `CudaSlice<T>` of cudarc-based code (candle, your own) as a kgen [`Tensor`], so kgen
 //! kernels and ops read and write it in place (with [`crate::Stream::from_cudarc`], on
-//! that code's own stream).
+//! that code's own stream); `tensor_from_cudarc_borrowed` (unsafe) does the same over a
+//! borrowed buffer or `CudaView`.
 //!
 //! Assumes: the slice belongs to this device's CUDA context (checked) and stays alive
 //! while any view of it exists (the tensor holds it: a shared `Arc<CudaSlice<T>>` or
-//! the slice itself).
+//! the slice itself; the borrowed form's caller promises it).
 //! Guarantees: no copy, no allocation on the device; the tensor's storage is exactly the
 //! slice's bytes (views, launches and aliasing checks stay inside them, and two imports
 //! of one buffer count as overlapping); kgen never frees the memory: dropping the last
@@ -21,7 +22,7 @@
 use crate::device::Device;
 use crate::error::RuntimeError;
 use crate::tensor::{Element, Memory, Tensor};
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 
 impl Device {
@@ -38,12 +39,51 @@ impl Device {
         shape: &[usize],
     ) -> Result<Tensor, RuntimeError> {
         let slice: Arc<CudaSlice<T>> = slice.into();
+        let ptr = {
+            // Read on the slice's own stream: no cross-stream wait, and the read event
+            // cudarc records there is already ordered.
+            let (ptr, _record) = slice.device_ptr(slice.stream());
+            ptr
+        };
+        let stream = slice.stream().clone();
+        let len = slice.len();
+        self.import::<T>(ptr, len, stream, shape, slice)
+    }
+
+    /// [`Device::tensor_from_cudarc`] over a borrowed cudarc buffer or view (a
+    /// `&CudaSlice<T>`, a `CudaView<T>`: what a framework's storage hands out), without
+    /// taking it.
+    ///
+    /// # Safety
+    /// The memory must stay allocated, and not be reused, for as long as the tensor or
+    /// any view of it exists and while kernels queued on it may still run: kgen holds no
+    /// reference to the buffer and cannot check it.
+    pub unsafe fn tensor_from_cudarc_borrowed<T: Element, S: DevicePtr<T>>(
+        &self,
+        slice: &S,
+        shape: &[usize],
+    ) -> Result<Tensor, RuntimeError> {
+        let (ptr, _record) = slice.device_ptr(slice.stream());
+        let stream = slice.stream().clone();
+        // A marker owner: the buffer is the caller's, kgen frees nothing.
+        self.import::<T>(ptr, slice.len(), stream, shape, Arc::new(()))
+    }
+
+    /// The checks and the tensor shared by both imports.
+    fn import<T: Element>(
+        &self,
+        ptr: cudarc::driver::sys::CUdeviceptr,
+        len: usize,
+        stream: Arc<CudaStream>,
+        shape: &[usize],
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Tensor, RuntimeError> {
         let Some(g) = self.gpu() else {
             return Err(RuntimeError::WrongDevice(
                 "a cudarc buffer cannot back a tensor of the interpreter device".into(),
             ));
         };
-        if slice.context().cu_ctx() != g.ctx.cu_ctx() {
+        if stream.context().cu_ctx() != g.ctx.cu_ctx() {
             return Err(RuntimeError::WrongDevice(
                 "the cudarc buffer belongs to another CUDA context than this device".into(),
             ));
@@ -54,25 +94,18 @@ impl Device {
             .ok_or_else(|| {
                 RuntimeError::InvalidView(format!("shape {shape:?} overflows the address space"))
             })?;
-        if numel > slice.len() {
+        if numel > len {
             return Err(RuntimeError::InvalidView(format!(
-                "shape {shape:?} has {numel} elements, the cudarc buffer holds {}",
-                slice.len()
+                "shape {shape:?} has {numel} elements, the cudarc buffer holds {len}"
             )));
         }
-        // The pointer, read on the slice's own stream: no cross-stream wait, and the
-        // read event cudarc records there is already ordered.
-        let ptr = {
-            let (ptr, _record) = slice.device_ptr(slice.stream());
-            ptr
-        };
         let mem = Memory::Cuda {
             ptr,
-            bytes: slice.num_bytes(),
-            stream: slice.stream().clone(),
+            bytes: len * T::DTYPE.size_bytes() as usize,
+            stream,
             ctx: g.ctx.clone(),
             stream_ordered: false,
-            foreign: Some(slice as Arc<dyn std::any::Any + Send + Sync>),
+            foreign: Some(owner),
         };
         Ok(Tensor::new_contiguous(
             Arc::new(mem),

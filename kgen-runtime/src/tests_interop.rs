@@ -1,7 +1,8 @@
-//! GPU tests of [`Device::tensor_from_cudarc`]: a kernel reads and writes cudarc buffers
-//! in place on cudarc's own stream (results read back through cudarc and through kgen,
-//! against float64), bf16 buffers and views of them, and the typed errors (a shape
-//! larger than the buffer, the interpreter device, two imports of one buffer aliased).
+//! GPU tests of [`Device::tensor_from_cudarc`] (and the borrowed form over `CudaView`s):
+//! a kernel reads and writes cudarc buffers in place on cudarc's own stream (results
+//! read back through cudarc and through kgen, against float64), bf16 buffers and views
+//! of them, and the typed errors (a shape larger than the buffer, the interpreter
+//! device, two imports of one buffer aliased).
 //! Skipped (and passing) without a CUDA driver or GPU.
 
 use crate::*;
@@ -99,6 +100,53 @@ fn gpu_kernels_run_in_place_on_cudarc_buffers() {
             got[i]
         );
     }
+}
+
+/// The borrowed import over `CudaView`s (a window into each buffer): the kernel writes
+/// only its window of the output buffer.
+#[test]
+fn gpu_kernels_run_on_borrowed_cudarc_views() {
+    let Ok(d) = Device::cuda(0) else {
+        eprintln!("gpu_kernels_run_on_borrowed_cudarc_views: skipped, no usable GPU");
+        return;
+    };
+    let user = d.gpu().unwrap().context().new_stream().unwrap();
+    let s = Stream::from_cudarc(&d, user.clone()).unwrap();
+    let n = 1000;
+    let xs: Vec<f32> = vals(n + 16, 5).iter().map(|&v| v as f32).collect();
+    let ys: Vec<f32> = vals(n, 6).iter().map(|&v| v as f32).collect();
+    let (xb, yb) = (user.clone_htod(&xs).unwrap(), user.clone_htod(&ys).unwrap());
+    let ob = user.clone_htod(&vec![f32::NAN; n + 8]).unwrap();
+    {
+        // Element offsets 4 and 8: 16- and 32-byte aligned windows.
+        let (xv, ov) = (xb.slice(4..4 + n), ob.slice(8..8 + n));
+        // SAFETY: the buffers outlive the tensors and the synchronize below.
+        let (x, y, out) = unsafe {
+            (
+                d.tensor_from_cudarc_borrowed(&xv, &[n]).unwrap(),
+                d.tensor_from_cudarc_borrowed(&yb, &[n]).unwrap(),
+                d.tensor_from_cudarc_borrowed(&ov, &[n]).unwrap(),
+            )
+        };
+        let k = axpy(&d, DType::F32, &[("x", &x), ("y", &y), ("out", &out)]);
+        let args = [Arg::from(0.5f32), (&x).into(), (&y).into(), (&out).into()];
+        d.launch(&s, &k, grid_1d(n, 256).unwrap(), &args).unwrap();
+        s.synchronize().unwrap();
+    }
+    let got = user.clone_dtoh(&ob).unwrap();
+    assert!(
+        got[..8].iter().all(|v| v.is_nan()),
+        "wrote before the window"
+    );
+    for i in 0..n {
+        let want = 0.5 * xs[4 + i] as f64 + ys[i] as f64;
+        assert!(
+            (got[8 + i] as f64 - want).abs() <= 1e-6 * want.abs() + 1e-6,
+            "i={i}"
+        );
+    }
+    // The buffers are still cudarc's and intact after the tensors are gone.
+    assert_eq!(user.clone_dtoh(&xb).unwrap(), xs);
 }
 
 #[test]
