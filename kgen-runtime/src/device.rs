@@ -1,11 +1,12 @@
 //! [`Device`] (a CUDA GPU or the interpreter, one API) and [`Stream`].
 //!
 //! A `Device` is a cheap handle (`Clone` shares it). On a GPU it owns a cudarc context and
-//! its default stream; allocations and copies are ordered on that stream, kernels launch
-//! on whichever [`Stream`] the caller passes (the default one, a new one, or a cudarc
-//! stream of the caller's own, e.g. candle's). Streams are not synchronized with each
-//! other by the runtime: as in torch, a tensor used on two streams needs the caller's
-//! ordering (`Stream::synchronize` or cudarc events).
+//! its default stream; a tensor's allocation, copies and free are ordered on the stream
+//! it was allocated on (that one, or the one given to [`Device::empty_on`]), kernels
+//! launch on whichever [`Stream`] the caller passes (the default one, a new one, or a
+//! cudarc stream of the caller's own, e.g. candle's). Streams are not synchronized with
+//! each other by the runtime: as in torch, a tensor used on two streams needs the
+//! caller's ordering (`Stream::synchronize` or cudarc events).
 //!
 //! On the interpreter every launch runs to completion on the calling thread, on
 //! host memory, with the GPU's semantics (`kgen_core::interp`). It is slow and exact, and
@@ -176,12 +177,6 @@ impl Device {
         })
     }
 
-    pub(crate) fn cuda_stream_raw(&self) -> sys::CUstream {
-        self.gpu()
-            .map(|g| g.stream.cu_stream())
-            .unwrap_or(std::ptr::null_mut())
-    }
-
     /// Waits until all work on the device's default stream is done.
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
         match self.gpu() {
@@ -192,6 +187,47 @@ impl Device {
 
     /// A contiguous tensor whose contents are unspecified (fresh device memory).
     pub fn empty(&self, dtype: DType, shape: &[usize]) -> Result<Tensor, RuntimeError> {
+        self.alloc(None, dtype, shape)
+    }
+
+    /// [`Device::empty`] ordered on `stream`: allocated there (stream-ordered), and its
+    /// fills, host copies and free are queued there too, so work on `stream` may use it
+    /// at once and it is freed only after that work. (A capturing stream allocates on
+    /// the device's stream, as `empty` does: the graph keeps what it uses.)
+    pub fn empty_on(
+        &self,
+        stream: &Stream,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<Tensor, RuntimeError> {
+        if !stream.device.same(self) {
+            return Err(RuntimeError::WrongDevice(
+                "the stream belongs to another device".into(),
+            ));
+        }
+        let on = stream.cuda.as_ref().filter(|_| !stream.is_capturing());
+        self.alloc(on, dtype, shape)
+    }
+
+    /// [`Device::zeros`] ordered on `stream` (see [`Device::empty_on`]).
+    pub fn zeros_on(
+        &self,
+        stream: &Stream,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<Tensor, RuntimeError> {
+        let t = self.empty_on(stream, dtype, shape)?;
+        t.fill_zero()?;
+        Ok(t)
+    }
+
+    /// A contiguous tensor allocated on `stream` (None: the device's stream).
+    fn alloc(
+        &self,
+        stream: Option<&Arc<CudaStream>>,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<Tensor, RuntimeError> {
         let n = shape
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
@@ -205,9 +241,10 @@ impl Device {
             Backend::Cuda(g) => guarded("allocating", || {
                 g.ctx.bind_to_thread().op("binding the context")?;
                 let stream_ordered = g.ctx.has_async_alloc();
+                let stream = stream.unwrap_or(&g.stream);
                 let ptr = unsafe {
                     if stream_ordered {
-                        result::malloc_async(g.stream.cu_stream(), bytes)
+                        result::malloc_async(stream.cu_stream(), bytes)
                     } else {
                         result::malloc_sync(bytes)
                     }
@@ -216,7 +253,7 @@ impl Device {
                 Ok(Memory::Cuda {
                     ptr,
                     bytes,
-                    stream: g.stream.clone(),
+                    stream: stream.clone(),
                     ctx: g.ctx.clone(),
                     stream_ordered,
                     foreign: None,

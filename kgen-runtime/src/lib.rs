@@ -35,12 +35,15 @@
 //! - [`Gpu`]: the lower-level host-tensor path (`Gpu::run` copies in, launches, copies
 //!   out) used by the self-test.
 //!
-//! Streams and memory: tensors are allocated, filled (`fill_zero`, host copies) and freed
-//! in the order of the device's default stream ([`Device::stream`]). Work queued on
-//! another stream (a [`Device::new_stream`], or a framework's stream through
-//! [`Stream::from_cudarc`]) is not ordered with them: make that stream wait
-//! ([`Stream::wait_for`]) before it uses a tensor just allocated or filled, and keep a
-//! tensor alive until the work that uses it has finished on that stream.
+//! Streams and memory: a tensor is allocated, filled (`fill_zero`, `copy_from`, host
+//! copies) and freed in the order of one stream, the one it was allocated on: the
+//! device's default stream ([`Device::stream`]) for [`Device::empty`] and friends, the
+//! given one for [`Device::empty_on`] (what `kgen::ops` uses for its handle's stream),
+//! cudarc's for an imported buffer. Work queued on another stream (a
+//! [`Device::new_stream`], or a framework's stream through [`Stream::from_cudarc`]) is
+//! not ordered with it: make that stream wait ([`Stream::wait_for`]) before it uses a
+//! tensor just allocated or filled there, and keep a tensor alive until the work that
+//! uses it has finished on that stream.
 
 pub mod autotune;
 mod device;

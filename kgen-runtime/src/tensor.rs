@@ -534,8 +534,9 @@ impl Tensor {
         Ok(())
     }
 
-    /// Copies `src` into this tensor on the device's stream (asynchronous on a GPU).
-    /// Both must be contiguous with the same dtype and element count.
+    /// Copies `src` into this tensor on this tensor's stream (the one it was allocated
+    /// on, asynchronous on a GPU). Both must be contiguous with the same dtype and
+    /// element count.
     pub fn copy_from(&self, src: &Tensor) -> Result<(), RuntimeError> {
         if src.dtype != self.dtype || src.numel() != self.numel() {
             return Err(RuntimeError::Transfer(format!(
@@ -563,9 +564,9 @@ impl Tensor {
             return Ok(());
         }
         match (&*self.mem, &*src.mem) {
-            (Memory::Cuda { ctx, .. }, Memory::Cuda { .. }) => {
+            (Memory::Cuda { ctx, stream, .. }, Memory::Cuda { .. }) => {
                 ctx.bind_to_thread().op("binding the context")?;
-                let stream = self.device.cuda_stream_raw();
+                let stream = stream.cu_stream();
                 unsafe {
                     result::memcpy_dtod_async(
                         self.device_ptr().unwrap_or(0),
@@ -583,7 +584,8 @@ impl Tensor {
         }
     }
 
-    /// Sets every byte of the (contiguous) view to zero, on the device's stream.
+    /// Sets every byte of the (contiguous) view to zero, on the tensor's stream (the one
+    /// it was allocated on).
     pub fn fill_zero(&self) -> Result<(), RuntimeError> {
         if self.numel() == 0 {
             return Ok(());
@@ -598,14 +600,14 @@ impl Tensor {
             return Ok(());
         }
         match &*self.mem {
-            Memory::Cuda { ctx, .. } => {
+            Memory::Cuda { ctx, stream, .. } => {
                 ctx.bind_to_thread().op("binding the context")?;
                 unsafe {
                     result::memset_d8_async(
                         self.device_ptr().unwrap_or(0),
                         0,
                         n,
-                        self.device.cuda_stream_raw(),
+                        stream.cu_stream(),
                     )
                 }
                 .op("cuMemsetD8Async")

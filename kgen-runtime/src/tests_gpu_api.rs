@@ -351,6 +351,49 @@ fn gpu_user_cudarc_stream_and_other_threads() {
     }
 }
 
+/// A tensor allocated on a non-blocking user stream (`zeros_on`) is filled, read back
+/// and freed in that stream's order: a long kernel writing it there is finished before
+/// `to_f64_vec` copies it (a tensor of the device's stream would be copied on that
+/// stream, unordered with the user's, while the kernel still writes it).
+#[test]
+fn gpu_tensors_allocated_on_a_stream_are_ordered_there() {
+    let Some(d) = gpu_or_skip("gpu_tensors_allocated_on_a_stream_are_ordered_there") else {
+        return;
+    };
+    let user = Stream::from_cudarc(&d, d.gpu().unwrap().context().new_stream().unwrap()).unwrap();
+    let n = 1 << 24;
+    let x = d.from_f64(DType::F32, &[n], &vals(n, 21)).unwrap();
+    let xv = x.to_f64_vec().unwrap();
+    let k = axpy_kernel(&d, DType::F32, &[("x", &x), ("y", &x), ("out", &x)]);
+    for round in 0..3 {
+        let out = d.zeros_on(&user, DType::F32, &[n]).unwrap();
+        let zero = d.zeros_on(&user, DType::F32, &[n]).unwrap();
+        // Several passes, so the kernels are still running when the host asks.
+        for _ in 0..8 {
+            let args = [
+                Arg::from(2.0f32),
+                (&x).into(),
+                (&zero).into(),
+                (&out).into(),
+            ];
+            d.launch(&user, &k, grid_1d(n, 256).unwrap(), &args)
+                .unwrap();
+        }
+        let got = out.to_f64_vec().unwrap();
+        let bad = (0..n).filter(|&i| got[i] != 2.0 * xv[i]).count();
+        assert_eq!(
+            bad, 0,
+            "round {round}: {bad} of {n} elements not yet written"
+        );
+    }
+    // The wrong device's stream is a typed error.
+    let other = Device::interpreter();
+    assert!(matches!(
+        other.empty_on(&user, DType::F32, &[4]),
+        Err(RuntimeError::WrongDevice(_))
+    ));
+}
+
 #[test]
 fn gpu_disk_cache_hits_and_rebuilds_corrupt_entries() {
     if gpu_or_skip("gpu_disk_cache_hits_and_rebuilds_corrupt_entries").is_none() {

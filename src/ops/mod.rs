@@ -220,9 +220,16 @@ impl Ops {
         }
     }
 
-    /// A fresh contiguous output tensor.
+    /// A fresh contiguous tensor, ordered on this handle's stream
+    /// ([`Device::empty_on`]): the ops queued there may use it at once, and it is freed
+    /// there after them.
     pub fn empty(&self, dtype: DType, shape: &[usize]) -> Result<Tensor, OpError> {
-        Ok(self.device.empty(dtype, shape)?)
+        Ok(self.device.empty_on(&self.stream, dtype, shape)?)
+    }
+
+    /// [`Ops::empty`] filled with zeros (on this handle's stream).
+    pub fn zeros(&self, dtype: DType, shape: &[usize]) -> Result<Tensor, OpError> {
+        Ok(self.device.zeros_on(&self.stream, dtype, shape)?)
     }
 
     /// Number of SMs (for persistent-style grids); 132 on the interpreter, so that its

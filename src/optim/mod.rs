@@ -391,10 +391,10 @@ impl AdamW {
         }
         let device = ops.device().clone();
         let n = layout.len;
-        let p = device.zeros(param_dtype, &[n])?;
-        let g = device.zeros(param_dtype, &[n])?;
-        let m = device.zeros(state_dtype, &[n])?;
-        let v = device.zeros(state_dtype, &[n])?;
+        let p = ops.zeros(param_dtype, &[n])?;
+        let g = ops.zeros(param_dtype, &[n])?;
+        let m = ops.zeros(state_dtype, &[n])?;
+        let v = ops.zeros(state_dtype, &[n])?;
         let mut views = Vec::with_capacity(groups.len());
         for seg in &layout.segments {
             let mut row = Vec::with_capacity(seg.slots.len());
@@ -406,10 +406,10 @@ impl AdamW {
         }
         let row_bytes = groups.len() * HP_COLS * 4;
         let hp_steps = (kgen_runtime::UPLOAD_ASYNC_MAX_BYTES / row_bytes).clamp(1, HP_STEPS_MAX);
-        let hp = device.zeros(DType::F32, &[hp_steps * groups.len(), HP_COLS])?;
+        let hp = ops.zeros(DType::F32, &[hp_steps * groups.len(), HP_COLS])?;
         let block_group = upload_block_groups(&device, &layout, launch.block)?;
-        let count = device.zeros(DType::I32, &[1])?;
-        let cap = device.zeros(DType::F32, &[groups.len(), CAP_COLS])?;
+        let count = ops.zeros(DType::I32, &[1])?;
+        let cap = ops.zeros(DType::F32, &[groups.len(), CAP_COLS])?;
         let amsgrad = groups.iter().any(|g| g.amsgrad);
         let (vmax, ams) = if amsgrad {
             let flags: Vec<f32> = groups
@@ -417,14 +417,11 @@ impl AdamW {
                 .map(|g| if g.amsgrad { 1.0 } else { -1.0 })
                 .collect();
             (
-                device.zeros(state_dtype, &[n])?,
+                ops.zeros(state_dtype, &[n])?,
                 device.from_slice(&[flags.len()], &flags)?,
             )
         } else {
-            (
-                device.zeros(state_dtype, &[1])?,
-                device.zeros(DType::F32, &[1])?,
-            )
+            (ops.zeros(state_dtype, &[1])?, ops.zeros(DType::F32, &[1])?)
         };
         Ok(AdamW {
             device,
@@ -639,8 +636,8 @@ impl AdamW {
         Ok(())
     }
 
-    /// Sets every gradient to zero (a memset of the flat buffer, queued on the device's
-    /// default stream like allocations; with `Ops::with_stream` order it yourself).
+    /// Sets every gradient to zero (a memset of the flat buffer, queued on the stream of
+    /// the `Ops` the optimizer was made with, where its buffers live).
     pub fn zero_grad(&self) -> Result<(), OpError> {
         Ok(self.g.fill_zero()?)
     }
