@@ -60,9 +60,17 @@ impl Drop for Memory {
         } = self
         {
             if ctx.bind_to_thread().is_ok() {
+                // Freed in its stream's order, unless that stream is capturing a graph
+                // now (a free there would be recorded into the graph): then on the
+                // legacy default stream, as every free was before tensors had streams.
+                let on = if capturing(stream) {
+                    std::ptr::null_mut()
+                } else {
+                    stream.cu_stream()
+                };
                 unsafe {
                     let _ = if *stream_ordered {
-                        result::free_async(*ptr, stream.cu_stream())
+                        result::free_async(*ptr, on)
                     } else {
                         result::free_sync(*ptr)
                     };
@@ -70,6 +78,16 @@ impl Drop for Memory {
             }
         }
     }
+}
+
+/// Whether `stream` is capturing a graph (an error reads as not capturing).
+fn capturing(stream: &CudaStream) -> bool {
+    // SAFETY: a live stream handle of the current context.
+    let status = unsafe { result::stream::is_capturing(stream.cu_stream()) };
+    matches!(
+        status,
+        Ok(s) if s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    )
 }
 
 /// A Rust element type with a kgen dtype.
