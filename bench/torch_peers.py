@@ -156,6 +156,11 @@ def _workloads() -> list[Workload]:
         w.append(_norm(norm, 16384, 4096, bwd=True))
     for norm in ("rmsnorm", "layernorm"):
         w.append(_norm(norm, 16384, 768, bwd=False))
+    # The residual add fused with the RMSNorm after it (no ANCHORS target).
+    w.append(Workload(
+        "add_rmsnorm_fwd_bf16_16384x4096", "16384x4096", "bf16", 8 * 16384 * 4096,
+        "8*R*H: read x, residual, write h, y (bf16; weight and per-row stats excluded)",
+        ("eager", "compile"), "add_rmsnorm", {"rows": 16384, "hidden": 4096}))
     # SwiGLU: out = silu(gate) * up.
     n = 8192 * 11008
     w.append(Workload(
@@ -356,6 +361,24 @@ def build_norm(torch, w, peer):
     return _fwd_or_fwdbwd(torch, g, (x, weight, bias), (x, weight, bias), bwd, peer)
 
 
+def build_add_rmsnorm(torch, w, peer):
+    F = torch.nn.functional
+    rows, hidden = w.args["rows"], w.args["hidden"]
+    bf16 = torch.bfloat16
+    x = torch.randn(rows, hidden, device="cuda", dtype=bf16)
+    res = torch.randn(rows, hidden, device="cuda", dtype=bf16)
+    weight = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(bf16)
+
+    def f(x, res, weight):  # h is the new residual stream, y the normalized input
+        h = x + res
+        if hasattr(F, "rms_norm"):
+            return h, F.rms_norm(h, (hidden,), weight, 1e-6)
+        hf = h.float()
+        return h, (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(bf16) * weight
+
+    return _fwd_or_fwdbwd(torch, f, (x, res, weight), (), False, peer)
+
+
 def build_swiglu(torch, w, peer):
     F = torch.nn.functional
     shape, bwd = (w.args["rows"], w.args["cols"]), w.args["bwd"]
@@ -461,6 +484,7 @@ def build_newton_schulz(torch, w, peer):
 
 BUILDERS = {
     "copy": build_copy, "adamw": build_adamw, "norm": build_norm, "swiglu": build_swiglu,
+    "add_rmsnorm": build_add_rmsnorm,
     "rope": build_rope, "softmax": build_softmax, "cross_entropy": build_cross_entropy,
     "clip_grad_norm": build_clip_grad_norm, "grad_norm": build_grad_norm,
     "gemm": build_gemm, "newton_schulz": build_newton_schulz,

@@ -160,6 +160,79 @@ fn rmsnorm_forward_and_backward_match_f64_on_awkward_shapes() {
     }
 }
 
+/// `add_rmsnorm` = torch's `h = x + residual` (stored in the dtype) then `rmsnorm(h)`:
+/// every dtype, awkward shapes (one tile, several tiles, leading dims), and the same
+/// results as the two ops apart (the add done on the host and rounded, then `rmsnorm`).
+#[test]
+fn add_rmsnorm_matches_f64_and_the_unfused_ops() {
+    let d = Device::interpreter();
+    let ops = Ops::new(&d);
+    let mut rng = Rng::new(11);
+    for &(lead, cols) in &[
+        (&[1usize][..], 1usize),
+        (&[7][..], 7),
+        (&[2, 3][..], 1000),
+        (&[3][..], 4097),
+        (&[2][..], 9000),
+    ] {
+        for dt in DTYPES {
+            let rows: usize = lead.iter().product();
+            let mut shape = lead.to_vec();
+            shape.push(cols);
+            let (x, xv) = put(&d, dt, &shape, &rand_vec(&mut rng, rows * cols));
+            let (r, rv) = put(&d, dt, &shape, &rand_vec(&mut rng, rows * cols));
+            let wv: Vec<f64> = (0..cols).map(|_| rng.signed_magnitude(0.5, 1.5)).collect();
+            let (w, wv) = put(&d, dt, &[cols], &wv);
+            let (h, y) = (nan(&d, dt, &shape), nan(&d, dt, &shape));
+            let rstd = nan(&d, DType::F32, &[rows]);
+            ops.add_rmsnorm_into(&x, &r, &w, &h, &y, &rstd, 1e-6)
+                .unwrap();
+            let sum: Vec<f64> = xv.iter().zip(&rv).map(|(a, b)| a + b).collect();
+            let (hh, h_ref) = put(&d, dt, &shape, &sum);
+            let (y_ref, r_ref) = rms_ref(&h_ref, &wv, cols, 1e-6);
+            let what = format!("add_rmsnorm {dt} {shape:?}");
+            let hv = h.to_f64_vec().unwrap();
+            assert_eq!(hv, h_ref, "{what} h: x + residual rounded once");
+            assert_close(
+                &format!("{what} y"),
+                &y.to_f64_vec().unwrap(),
+                &y_ref,
+                tol(dt),
+            );
+            assert_close(
+                &format!("{what} rstd"),
+                &rstd.to_f64_vec().unwrap(),
+                &r_ref,
+                1e-5,
+            );
+            // The unfused ops on the same h: identical y and rstd.
+            let (y2, r2) = ops.rmsnorm(&hh, &w, 1e-6).unwrap();
+            assert_eq!(
+                y.to_f64_vec().unwrap(),
+                y2.to_f64_vec().unwrap(),
+                "{what} y"
+            );
+            assert_eq!(
+                rstd.to_f64_vec().unwrap(),
+                r2.to_f64_vec().unwrap(),
+                "{what} rstd"
+            );
+        }
+    }
+    // Typed errors: a residual of another shape or dtype, h over an input.
+    let x = d.from_f64(DType::F32, &[4, 8], &[0.5; 32]).unwrap();
+    let w = d.from_f64(DType::F32, &[8], &[1.0; 8]).unwrap();
+    let short = d.from_f64(DType::F32, &[4, 7], &[0.5; 28]).unwrap();
+    let half = d.from_f64(DType::BF16, &[4, 8], &[0.5; 32]).unwrap();
+    assert!(is_shape(ops.add_rmsnorm(&x, &short, &w, 1e-6)));
+    assert!(is_dtype(ops.add_rmsnorm(&x, &half, &w, 1e-6)));
+    let (h, y, rstd) = ops.add_rmsnorm(&x, &x, &w, 1e-6).unwrap();
+    assert!(matches!(
+        ops.add_rmsnorm_into(&x, &h, &w, &h, &y, &rstd, 1e-6),
+        Err(OpError::Runtime(_))
+    ));
+}
+
 #[test]
 fn layernorm_forward_and_backward_match_f64_on_awkward_shapes() {
     let d = Device::interpreter();

@@ -215,6 +215,27 @@ pub fn prepare<'a>(ops: &'a Ops, kind: &Kind, seed: u64) -> Result<Prepared<'a>,
                 outputs,
             }
         }
+        Kind::AddRmsnorm { rows, hidden } => {
+            let x = rnd(bf, &[rows, hidden], normal(1.0), 1)?;
+            let res = rnd(bf, &[rows, hidden], normal(1.0), 2)?;
+            let w = rnd(
+                bf,
+                &[hidden],
+                Fill::Normal {
+                    mean: 1.0,
+                    std: 0.1,
+                },
+                3,
+            )?;
+            let (h, y) = (nan(bf, &[rows, hidden])?, nan(bf, &[rows, hidden])?);
+            let rstd = nan(DType::F32, &[rows])?;
+            let outputs = vec![("h", h.clone()), ("y", y.clone()), ("rstd", rstd.clone())];
+            Prepared {
+                run: Box::new(move || ops.add_rmsnorm_into(&x, &res, &w, &h, &y, &rstd, 1e-6)),
+                after: None,
+                outputs,
+            }
+        }
         Kind::Swiglu { rows, cols, bwd } => {
             let gate = rnd(bf, &[rows, cols], normal(1.0), 1)?;
             let up = rnd(bf, &[rows, cols], normal(1.0), 2)?;

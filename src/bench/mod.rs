@@ -76,6 +76,8 @@ pub enum Kind {
         hidden: usize,
         bwd: bool,
     },
+    /// `h = x + residual; y = rmsnorm(h)` fused (`Ops::add_rmsnorm_into`).
+    AddRmsnorm { rows: usize, hidden: usize },
     /// `silu(gate) * up` (and its backward), gate and up separate `[rows, cols]`.
     Swiglu { rows: usize, cols: usize, bwd: bool },
     /// RoPE of `q [b, s, h, d]` (and its backward).
@@ -120,6 +122,7 @@ impl Kind {
             Kind::Norm {
                 rows, hidden, bwd, ..
             } => (if *bwd { 10 } else { 4 }) * b(rows * hidden),
+            Kind::AddRmsnorm { rows, hidden } => 8 * b(rows * hidden),
             Kind::Swiglu { rows, cols, bwd } => (if *bwd { 16 } else { 6 }) * b(rows * cols),
             Kind::Rope {
                 b: bb,
@@ -248,6 +251,17 @@ pub fn workloads() -> Vec<Workload> {
     w.push(norm(true, 16384, 4096, true, 260.0));
     w.push(norm(false, 16384, 768, false, 19.0));
     w.push(norm(true, 16384, 768, false, 19.0));
+    w.push(Workload {
+        name: "add_rmsnorm_fwd_bf16_16384x4096".into(),
+        shape: "16384x4096".into(),
+        dtype: "bf16",
+        formula: "8*R*H: read x, residual, write h, y (bf16; weight and per-row stats excluded)",
+        target_us: None,
+        kind: Kind::AddRmsnorm {
+            rows: 16384,
+            hidden: 4096,
+        },
+    });
     for (bwd, target) in [(false, 190.0), (true, 530.0)] {
         w.push(Workload {
             name: format!(

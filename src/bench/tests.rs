@@ -49,7 +49,7 @@ fn floor_bytes_names_and_formulas_match_torch_peers() {
         rows.len()
     );
     let ws = workloads();
-    assert_eq!(ws.len(), 21);
+    assert_eq!(ws.len(), 22);
     for w in &ws {
         let name = format!("`{}`", w.name);
         let row = rows
@@ -74,14 +74,20 @@ fn floor_bytes_names_and_formulas_match_torch_peers() {
         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         || w.name == "copy_d2d_1GiB"));
     assert_eq!(ws[0].name, "copy_d2d_1GiB", "the copy runs first");
-    // Every op of shared/ANCHORS.md has its target; the one extra row (the padded GPT-2
-    // vocabulary, which ANCHORS.md does not list) has none.
+    // Every op of shared/ANCHORS.md has its target; the extra rows (the fused residual
+    // add + RMSNorm, the padded GPT-2 vocabulary: ANCHORS.md lists neither) have none.
     let untargeted: Vec<&str> = ws[1..]
         .iter()
         .filter(|w| w.target_us.is_none())
         .map(|w| w.name.as_str())
         .collect();
-    assert_eq!(untargeted, ["cross_entropy_fwdbwd_bf16_8192x50304"]);
+    assert_eq!(
+        untargeted,
+        [
+            "add_rmsnorm_fwd_bf16_16384x4096",
+            "cross_entropy_fwdbwd_bf16_8192x50304"
+        ]
+    );
 }
 
 #[test]
@@ -113,6 +119,9 @@ fn floor_bytes_of_small_kinds() {
     };
     assert_eq!(clip.floor_bytes(), 10 * 4 * 3);
     assert_eq!(Kind::Copy { bytes: 100 }.floor_bytes(), 200);
+    // add_rmsnorm: read x and residual, write h and y (bf16).
+    let add = Kind::AddRmsnorm { rows: 3, hidden: 5 };
+    assert_eq!(add.floor_bytes(), 2 * (r * h) * 2 + 2 * (r * h) * 2);
 }
 
 #[test]

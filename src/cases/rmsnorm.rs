@@ -66,7 +66,80 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             v.push(rows_case(seed, dt, r, c, rpb, b, 1e-5));
         }
     }
+    // `add_rmsnorm`: one tile (ONE_TILE on odd row counts) and multi-tile rows, every
+    // dtype, non-multiple-of-tile widths.
+    let quick_add: &[(usize, usize, DType, usize)] = &[
+        (1, 1, DType::BF16, 1024),
+        (7, 7, DType::F32, 1024),
+        (3, 1000, DType::BF16, 1024),
+        (4, 1000, DType::F16, 1024),
+        (5, 4097, DType::BF16, 1024),
+        (5, 4097, DType::F32, 4096),
+        (2, 768, DType::F16, 256),
+    ];
+    for &(r, c, dt, b) in quick_add {
+        v.push(add_case(seed, dt, r, c, b, 1e-6));
+    }
+    if sizes == SizeSet::Full {
+        for &(r, c, dt, b) in &[
+            (1000, 4097, DType::BF16, 1024usize),
+            (129, 4096, DType::BF16, 4096),
+            (64, 11008, DType::F16, 2048),
+        ] {
+            v.push(add_case(seed, dt, r, c, b, 1e-5));
+        }
+    }
     v
+}
+
+const ADD_PARAMS: &[&str] = &["x", "residual", "w", "h", "y", "rstd", "eps"];
+
+/// One `add_rmsnorm` case: h = T(x + residual), then `rmsnorm` of that rounded h.
+pub fn add_case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize, eps: f64) -> Case {
+    let (defines, suffix) = tile_path_defines(dtype, rows, cols, block);
+    let label = format!("add_rmsnorm T={dtype} BLOCK={block} rows={rows} cols={cols}{suffix}");
+    let mut rng = Rng::for_case(seed, &label);
+    let x = random_tensor(&mut rng, dtype, &[rows, cols], |r| r.normalish());
+    let res = random_tensor(&mut rng, dtype, &[rows, cols], |r| r.normalish());
+    let w = random_tensor(&mut rng, dtype, &[cols], |r| r.signed_magnitude(0.5, 1.5));
+    let args = vec![
+        ArgValue::Tensor(x),
+        ArgValue::Tensor(res),
+        ArgValue::Tensor(w),
+        ArgValue::Tensor(poisoned(dtype, &[rows, cols])),
+        ArgValue::Tensor(poisoned(dtype, &[rows, cols])),
+        ArgValue::Tensor(poisoned(DType::F32, &[rows])),
+        f32_arg(eps),
+    ];
+    Case {
+        kernel: "rmsnorm",
+        kernel_name: Some("add_rmsnorm"),
+        label,
+        defines,
+        tensor_align: aligns(ADD_PARAMS, &args),
+        grid: [rows as u32, 1, 1],
+        args,
+        outputs: vec![3, 4, 5],
+        reference: Box::new(move |args| {
+            let (x, res) = (
+                tensor_at(args, 0).to_f64_vec(),
+                tensor_at(args, 1).to_f64_vec(),
+            );
+            let w = tensor_at(args, 2).to_f64_vec();
+            let eps = scalar_at(args, 6);
+            let sum: Vec<f64> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
+            let h = HostTensor::from_f64(dtype, &[rows, cols], &sum).to_f64_vec();
+            let (y, r) = reference(&h, &w, cols, eps);
+            vec![h, y, r]
+        }),
+        tolerance: Tolerance::for_dtype(
+            dtype,
+            Tolerance {
+                rel: 1e-5,
+                abs: 1e-6,
+            },
+        ),
+    }
 }
 
 /// One `rmsnorm` case.

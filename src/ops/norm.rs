@@ -306,6 +306,92 @@ impl Ops {
         )
     }
 
+    /// The residual add fused with the RMSNorm after it (Llama's `h = x + residual;
+    /// y = rmsnorm(h) * w`): returns `(h [like x], y [like x], rstd f32 [rows])`, with h
+    /// rounded to x's dtype as torch's add stores it and y, rstd those of
+    /// [`Ops::rmsnorm`]`(h)`, in one pass over memory (4 element sizes per element; an add
+    /// and then the norm move 5). The backward is [`Ops::rmsnorm_backward`] on h (the
+    /// add passes the gradient through to both x and residual).
+    pub fn add_rmsnorm(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        w: &Tensor,
+        eps: f32,
+    ) -> Result<(Tensor, Tensor, Tensor), OpError> {
+        let (rows, _) = rows_cols("add_rmsnorm", x)?;
+        let t = float_dtype("add_rmsnorm", x)?;
+        let h = self.empty(t, x.shape())?;
+        let y = self.empty(t, x.shape())?;
+        let rstd = self.empty(DType::F32, &[rows])?;
+        self.add_rmsnorm_into(x, residual, w, &h, &y, &rstd, eps)?;
+        Ok((h, y, rstd))
+    }
+
+    /// [`Ops::add_rmsnorm`] into existing `h`, `y` (x's shape and dtype) and `rstd`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rmsnorm_into(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        w: &Tensor,
+        h: &Tensor,
+        y: &Tensor,
+        rstd: &Tensor,
+        eps: f32,
+    ) -> Result<(), OpError> {
+        const OP: &str = "add_rmsnorm";
+        let (rows, cols) = rows_cols(OP, x)?;
+        let t = float_dtype(OP, x)?;
+        check_cols(OP, cols)?;
+        expect(OP, "residual", residual, t, x.shape())?;
+        expect(OP, "w", w, t, &[cols])?;
+        expect(OP, "h", h, t, x.shape())?;
+        expect(OP, "y", y, t, x.shape())?;
+        expect(OP, "rstd", rstd, DType::F32, &[rows])?;
+        let view = |v: &Tensor| rows_view(OP, v, rows, cols);
+        let (x2, r2, h2, y2) = (view(x)?, view(residual)?, view(h)?, view(y)?);
+        // One row per block (a multi-row form is not written): the forward's one-row
+        // candidates.
+        let cfgs: Vec<FwdConfig> = fwd_configs(rows, cols, self.sm_count())
+            .into_iter()
+            .filter(|c| c.rows_per_block.is_none())
+            .collect();
+        let args = [
+            Arg::from(&x2),
+            Arg::from(&r2),
+            Arg::from(w),
+            Arg::from(&h2),
+            Arg::from(&y2),
+            Arg::from(rstd),
+            Arg::from(eps),
+        ];
+        self.launch_planned(
+            PlanKey::new(OP).tensors(&[&x2, &r2, w, &h2, &y2, rstd]),
+            &args,
+            || format!("T={t},rows={rows},cols={cols}"),
+            || cfgs.iter().map(FwdConfig::label).collect(),
+            |i| {
+                let c = cfgs[i];
+                let k = self.kernel(
+                    "rmsnorm",
+                    OP,
+                    &c.defines(t, cols),
+                    Some(c.warps),
+                    &[
+                        ("x", &x2),
+                        ("residual", &r2),
+                        ("w", w),
+                        ("h", &h2),
+                        ("y", &y2),
+                        ("rstd", rstd),
+                    ],
+                )?;
+                Ok((k, c.grid(rows)?))
+            },
+        )
+    }
+
     /// Gradients of [`Ops::rmsnorm`] given the saved `rstd`: `(dx [like x], dw [C])`.
     pub fn rmsnorm_backward(
         &self,
@@ -768,8 +854,36 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
             format!("layernorm fwd+bwd {t} [{rows}x{cols}]"),
             check_layernorm(&ops, rows, cols, t),
         ));
+        out.push((
+            format!("add_rmsnorm {t} [{rows}x{cols}]"),
+            check_add_rmsnorm(&ops, rows, cols, t),
+        ));
     }
     out
+}
+
+/// `add_rmsnorm` against f64: h = x + residual rounded to T, then y, rstd of h.
+fn check_add_rmsnorm(ops: &Ops, rows: usize, cols: usize, t: DType) -> Result<f64, String> {
+    let d = ops.device();
+    let e = |x: OpError| x.to_string();
+    let mut rng = crate::cases::Rng::new(23);
+    let (x, xv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let (res, rv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let (w, wv) = random_on(d, &mut rng, t, &[cols], Some((0.5, 1.5)))?;
+    let (h, y) = (
+        poisoned_on(d, t, &[rows, cols])?,
+        poisoned_on(d, t, &[rows, cols])?,
+    );
+    let rstd = poisoned_on(d, DType::F32, &[rows])?;
+    ops.add_rmsnorm_into(&x, &res, &w, &h, &y, &rstd, 1e-5)
+        .map_err(e)?;
+    let sum: Vec<f64> = xv.iter().zip(&rv).map(|(a, b)| a + b).collect();
+    let h_ref = kgen_core::host::HostTensor::from_f64(t, &[rows, cols], &sum).to_f64_vec();
+    let (y_ref, r_ref) = crate::cases::rmsnorm::reference(&h_ref, &wv, cols, 1e-5);
+    let tol = rounding_tol(t);
+    let mut worst = max_rel_err(&read(&h)?, &h_ref, tol).map_err(|m| format!("h: {m}"))?;
+    worst = worst.max(max_rel_err(&read(&y)?, &y_ref, tol).map_err(|m| format!("y: {m}"))?);
+    Ok(worst.max(max_rel_err(&read(&rstd)?, &r_ref, 1e-4).map_err(|m| format!("rstd: {m}"))?))
 }
 
 /// Tolerance of a column sum over `rows` f32-accumulated terms.
