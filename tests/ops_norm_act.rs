@@ -217,6 +217,35 @@ fn add_rmsnorm_matches_f64_and_the_unfused_ops() {
                 r2.to_f64_vec().unwrap(),
                 "{what} rstd"
             );
+            // Backward: dh = dh_residual + rmsnorm's dx, against f64 (and dw).
+            let (dy, dyv) = put(&d, dt, &shape, &rand_vec(&mut rng, rows * cols));
+            let (dres, dresv) = put(&d, dt, &shape, &rand_vec(&mut rng, rows * cols));
+            let (dh, dw) = ops.add_rmsnorm_backward(&h, &w, &rstd, &dy, &dres).unwrap();
+            let r_saved = rstd.to_f64_vec().unwrap();
+            let (dx_ref, dw_ref) =
+                kgen::cases::norm_bwd::rmsnorm_bwd_reference(&h_ref, &wv, &dyv, &r_saved, cols, 1);
+            let dh_ref: Vec<f64> = dx_ref.iter().zip(&dresv).map(|(a, b)| a + b).collect();
+            if cols > 1 {
+                // A sum of two O(1) terms can cancel: judge each element against the
+                // terms' scale.
+                let got = dh.to_f64_vec().unwrap();
+                for i in 0..got.len() {
+                    let scale = dx_ref[i].abs() + dresv[i].abs() + 1e-3;
+                    let err = (got[i] - dh_ref[i]).abs() / scale;
+                    assert!(
+                        err <= tol(dt),
+                        "{what} dh[{i}]: {} vs {} ({err:.1e})",
+                        got[i],
+                        dh_ref[i]
+                    );
+                }
+            }
+            assert_close(
+                &format!("{what} dw"),
+                &dw.to_f64_vec().unwrap(),
+                &dw_ref,
+                tol(dt).max(1e-4),
+            );
         }
     }
     // Typed errors: a residual of another shape or dtype, h over an input.
@@ -231,6 +260,10 @@ fn add_rmsnorm_matches_f64_and_the_unfused_ops() {
         ops.add_rmsnorm_into(&x, &h, &w, &h, &y, &rstd, 1e-6),
         Err(OpError::Runtime(_))
     ));
+    assert!(is_shape(
+        ops.add_rmsnorm_backward(&h, &w, &rstd, &y, &short)
+    ));
+    assert!(is_dtype(ops.add_rmsnorm_backward(&h, &w, &rstd, &y, &half)));
 }
 
 #[test]

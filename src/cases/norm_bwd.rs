@@ -58,6 +58,16 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         v.push(rmsnorm_bwd_case(seed, dt, r, c, b, g));
         v.push(layernorm_bwd_case(seed, dt, r, c, b, g));
     }
+    // RESIDUAL (add_rmsnorm's backward: dres joins dx): one tile and several, dtypes.
+    let residual: &[(usize, usize, DType, usize, usize)] = &[
+        (7, 7, DType::F32, 1024, 3),
+        (5, 1000, DType::BF16, 1024, 2),
+        (6, 4097, DType::F16, 1024, 4),
+        (9, 4096, DType::BF16, 4096, 4),
+    ];
+    for &(r, c, dt, b, g) in residual {
+        v.push(rmsnorm_bwd_residual_case(seed, dt, r, c, b, g));
+    }
     let sums = QUICK_SUM.iter().chain(if full { FULL_SUM } else { &[] });
     for &(g, c, dt, b, rows) in sums {
         v.push(rmsnorm_dw_case(seed, dt, g, c, b, rows));
@@ -135,13 +145,16 @@ pub fn rmsnorm_bwd_case(
         ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[rows], &rstd)),
         ArgValue::Tensor(poisoned(dtype, &[rows, cols])),
         ArgValue::Tensor(poisoned(DType::F32, &[grid, cols])),
+        // dres: read only with RESIDUAL (rmsnorm_bwd_residual_case); nonzero like every
+        // input.
+        ArgValue::Tensor(HostTensor::from_f64(dtype, &[1, 1], &[1.0])),
     ];
     Case {
         kernel: "rmsnorm_bwd",
         kernel_name: Some("rmsnorm_bwd"),
         label,
         defines: case_defines,
-        tensor_align: aligns(&["x", "w", "dy", "rstd", "dx", "dw_partial"], &args),
+        tensor_align: aligns(RMS_BWD_PARAMS, &args),
         grid: [grid as u32, 1, 1],
         args,
         outputs: vec![4, 5],
@@ -155,6 +168,40 @@ pub fn rmsnorm_bwd_case(
         }),
         tolerance: bwd_tolerance(dtype, rows, grid),
     }
+}
+
+const RMS_BWD_PARAMS: &[&str] = &["x", "w", "dy", "rstd", "dx", "dw_partial", "dres"];
+
+/// [`rmsnorm_bwd_case`] with `RESIDUAL = true`: a random dres [rows, cols] is added to
+/// dx before it is rounded (the reference adds it in f64).
+pub fn rmsnorm_bwd_residual_case(
+    seed: u64,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    block: usize,
+    grid: usize,
+) -> Case {
+    let mut case = rmsnorm_bwd_case(seed, dtype, rows, cols, block, grid);
+    case.label = case
+        .label
+        .replacen("rmsnorm_bwd", "rmsnorm_bwd RESIDUAL", 1);
+    let mut rng = Rng::for_case(seed, &case.label);
+    case.args[6] = ArgValue::Tensor(random_tensor(&mut rng, dtype, &[rows, cols], |r| {
+        r.normalish()
+    }));
+    case.tensor_align = aligns(RMS_BWD_PARAMS, &case.args);
+    case.defines.push(("RESIDUAL".into(), "true".into()));
+    let plain = std::mem::replace(&mut case.reference, Box::new(|_| Vec::new()));
+    case.reference = Box::new(move |args| {
+        let mut out = plain(args);
+        let dres = tensor_at(args, 6).to_f64_vec();
+        for (d, r) in out[0].iter_mut().zip(&dres) {
+            *d += r;
+        }
+        out
+    });
+    case
 }
 
 /// (dx, dw_partial [grid, cols]) in f64: row r's dw contribution goes to partial row

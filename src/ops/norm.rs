@@ -407,8 +407,8 @@ impl Ops {
         Ok((dx, dw))
     }
 
-    /// [`Ops::rmsnorm_backward`] into existing `dx` and `dw`. Allocates the f32 partials
-    /// `[G, C]` (G ≤ 4×SM) as a workspace.
+    /// [`Ops::rmsnorm_backward`] into existing `dx` and `dw`. The f32 partials `[G, C]`
+    /// (G ≤ 4×SM) live in the handle's scratch buffer.
     pub fn rmsnorm_backward_into(
         &self,
         x: &Tensor,
@@ -418,24 +418,89 @@ impl Ops {
         dx: &Tensor,
         dw: &Tensor,
     ) -> Result<(), OpError> {
-        const OP: &str = "rmsnorm_backward";
-        let (rows, cols) = rows_cols(OP, x)?;
-        let t = float_dtype(OP, x)?;
-        check_cols(OP, cols)?;
-        expect(OP, "w", w, t, &[cols])?;
-        expect(OP, "rstd", rstd, DType::F32, &[rows])?;
-        expect(OP, "dy", dy, t, x.shape())?;
-        expect(OP, "dx", dx, t, x.shape())?;
-        expect(OP, "dw", dw, t, &[cols])?;
-        let x2 = rows_view(OP, x, rows, cols)?;
-        let dy2 = rows_view(OP, dy, rows, cols)?;
-        let dx2 = rows_view(OP, dx, rows, cols)?;
+        self.rmsnorm_backward_impl("rmsnorm_backward", x, w, rstd, dy, None, dx, dw)
+    }
+
+    /// The backward of [`Ops::add_rmsnorm`]: given the saved `h` and `rstd`, the
+    /// gradient `dy` of y and the gradient `dh_residual` that reaches h along the
+    /// residual stream (from the layers above), returns `(dh, dw)` with
+    /// `dh = dh_residual + rmsnorm_backward(h, dy)`, in one pass. dh is the gradient of
+    /// both x and residual (the add passes it to each).
+    pub fn add_rmsnorm_backward(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+        dh_residual: &Tensor,
+    ) -> Result<(Tensor, Tensor), OpError> {
+        let t = float_dtype("add_rmsnorm_backward", h)?;
+        let dh = self.empty(t, h.shape())?;
+        let dw = self.empty(w.dtype(), w.shape())?;
+        self.add_rmsnorm_backward_into(h, w, rstd, dy, dh_residual, &dh, &dw)?;
+        Ok((dh, dw))
+    }
+
+    /// [`Ops::add_rmsnorm_backward`] into existing `dh` (h's shape and dtype) and `dw`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rmsnorm_backward_into(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+        dh_residual: &Tensor,
+        dh: &Tensor,
+        dw: &Tensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "add_rmsnorm_backward";
+        self.rmsnorm_backward_impl(OP, h, w, rstd, dy, Some(dh_residual), dh, dw)
+    }
+
+    /// `rmsnorm_bwd` (+ its dw column sum), with `dres` added to dx (`RESIDUAL`) when
+    /// given.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward_impl(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        w: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+        dres: Option<&Tensor>,
+        dx: &Tensor,
+        dw: &Tensor,
+    ) -> Result<(), OpError> {
+        let (rows, cols) = rows_cols(op, x)?;
+        let t = float_dtype(op, x)?;
+        check_cols(op, cols)?;
+        expect(op, "w", w, t, &[cols])?;
+        expect(op, "rstd", rstd, DType::F32, &[rows])?;
+        expect(op, "dy", dy, t, x.shape())?;
+        expect(op, "dx", dx, t, x.shape())?;
+        expect(op, "dw", dw, t, &[cols])?;
+        let x2 = rows_view(op, x, rows, cols)?;
+        let dy2 = rows_view(op, dy, rows, cols)?;
+        let dx2 = rows_view(op, dx, rows, cols)?;
+        // The residual gradient, or x as the unread placeholder of the plain backward.
+        let dres2 = match dres {
+            Some(r) => {
+                expect(op, "dh_residual", r, t, x.shape())?;
+                rows_view(op, r, rows, cols)?
+            }
+            None => x2.clone(),
+        };
         let cfgs = self.bwd_configs(rows, cols);
         let g_max = cfgs.iter().map(|c| c.g).max().unwrap_or(1);
         let (workspace, partial_all) = self.take_workspace(&[g_max, cols])?;
         let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
         let key = format!("T={t},rows={rows},cols={cols}");
-        self.launch_tuned("rmsnorm_bwd", &key, &labels, |i, timed| {
+        let tuned_op = if dres.is_some() {
+            "rmsnorm_bwd_residual"
+        } else {
+            "rmsnorm_bwd"
+        };
+        self.launch_tuned(tuned_op, &key, &labels, |i, timed| {
             let BwdConfig {
                 block,
                 g,
@@ -446,6 +511,7 @@ impl Ops {
                 ("T", t.to_string()),
                 ("BLOCK", block.to_string()),
                 one_tile(cols, block),
+                ("RESIDUAL", dres.is_some().to_string()),
             ];
             let part = partial_all.narrow(0, 0, g)?;
             let k = self.kernel_bounded(
@@ -461,6 +527,7 @@ impl Ops {
                     ("rstd", rstd),
                     ("dx", &dx2),
                     ("dw_partial", &part),
+                    ("dres", &dres2),
                 ],
             )?;
             let args = [
@@ -470,6 +537,7 @@ impl Ops {
                 Arg::from(rstd),
                 Arg::from(&dx2),
                 Arg::from(&part),
+                Arg::from(&dres2),
             ];
             let main = self.launch_maybe_timed(&k, grid_x(g)?, &args, timed)?;
             // dw = the column sum of exactly the G partial rows this launch wrote
@@ -855,7 +923,7 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
             check_layernorm(&ops, rows, cols, t),
         ));
         out.push((
-            format!("add_rmsnorm {t} [{rows}x{cols}]"),
+            format!("add_rmsnorm fwd+bwd {t} [{rows}x{cols}]"),
             check_add_rmsnorm(&ops, rows, cols, t),
         ));
     }
@@ -883,7 +951,23 @@ fn check_add_rmsnorm(ops: &Ops, rows: usize, cols: usize, t: DType) -> Result<f6
     let tol = rounding_tol(t);
     let mut worst = max_rel_err(&read(&h)?, &h_ref, tol).map_err(|m| format!("h: {m}"))?;
     worst = worst.max(max_rel_err(&read(&y)?, &y_ref, tol).map_err(|m| format!("y: {m}"))?);
-    Ok(worst.max(max_rel_err(&read(&rstd)?, &r_ref, 1e-4).map_err(|m| format!("rstd: {m}"))?))
+    worst = worst.max(max_rel_err(&read(&rstd)?, &r_ref, 1e-4).map_err(|m| format!("rstd: {m}"))?);
+    // The backward: dh = dh_residual + rmsnorm's dx of h, and dw.
+    let (dy, dyv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let (dres, dresv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
+    let (dh, dw) = (
+        poisoned_on(d, t, &[rows, cols])?,
+        poisoned_on(d, t, &[cols])?,
+    );
+    ops.add_rmsnorm_backward_into(&h, &w, &rstd, &dy, &dres, &dh, &dw)
+        .map_err(e)?;
+    let rstd_v = read(&rstd)?;
+    let (dx_ref, dw_ref) =
+        crate::cases::norm_bwd::rmsnorm_bwd_reference(&h_ref, &wv, &dyv, &rstd_v, cols, 1);
+    let dh_ref: Vec<f64> = dx_ref.iter().zip(&dresv).map(|(a, b)| a + b).collect();
+    worst = worst.max(max_rel_err(&read(&dh)?, &dh_ref, tol).map_err(|m| format!("dh: {m}"))?);
+    Ok(worst
+        .max(max_rel_err(&read(&dw)?, &dw_ref, sum_tol(t, rows)).map_err(|m| format!("dw: {m}"))?))
 }
 
 /// Tolerance of a column sum over `rows` f32-accumulated terms.
