@@ -160,7 +160,12 @@ def _workloads() -> list[Workload]:
     w.append(Workload(
         "add_rmsnorm_fwd_bf16_16384x4096", "16384x4096", "bf16", 8 * 16384 * 4096,
         "8*R*H: read x, residual, write h, y (bf16; weight and per-row stats excluded)",
-        ("eager", "compile"), "add_rmsnorm", {"rows": 16384, "hidden": 4096}))
+        ("eager", "compile"), "add_rmsnorm", {"rows": 16384, "hidden": 4096, "bwd": False}))
+    w.append(Workload(
+        "add_rmsnorm_fwdbwd_bf16_16384x4096", "16384x4096", "bf16", 16 * 16384 * 4096,
+        "16*R*H: fwd read x, residual, write h, y; bwd read h, dy, dh_residual, write dh "
+        "(bf16; weight, dw and per-row stats excluded)",
+        ("eager", "compile"), "add_rmsnorm", {"rows": 16384, "hidden": 4096, "bwd": True}))
     # SwiGLU: out = silu(gate) * up.
     n = 8192 * 11008
     w.append(Workload(
@@ -363,11 +368,11 @@ def build_norm(torch, w, peer):
 
 def build_add_rmsnorm(torch, w, peer):
     F = torch.nn.functional
-    rows, hidden = w.args["rows"], w.args["hidden"]
+    rows, hidden, bwd = w.args["rows"], w.args["hidden"], w.args["bwd"]
     bf16 = torch.bfloat16
-    x = torch.randn(rows, hidden, device="cuda", dtype=bf16)
-    res = torch.randn(rows, hidden, device="cuda", dtype=bf16)
-    weight = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(bf16)
+    x = torch.randn(rows, hidden, device="cuda", dtype=bf16).requires_grad_(bwd)
+    res = torch.randn(rows, hidden, device="cuda", dtype=bf16).requires_grad_(bwd)
+    weight = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(bf16).requires_grad_(bwd)
 
     def f(x, res, weight):  # h is the new residual stream, y the normalized input
         h = x + res
@@ -376,7 +381,13 @@ def build_add_rmsnorm(torch, w, peer):
         hf = h.float()
         return h, (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(bf16) * weight
 
-    return _fwd_or_fwdbwd(torch, f, (x, res, weight), (), False, peer)
+    if not bwd:
+        return _fwd_or_fwdbwd(torch, f, (x, res, weight), (), False, peer)
+    if peer == "compile":
+        f = _compile(torch, f)
+    # Upstream gradients of both outputs: dy for y, the residual stream's for h.
+    dh, dy = torch.randn_like(x), torch.randn_like(x)
+    return lambda: torch.autograd.grad(f(x, res, weight), (x, res, weight), (dh, dy))
 
 
 def build_swiglu(torch, w, peer):

@@ -215,7 +215,7 @@ pub fn prepare<'a>(ops: &'a Ops, kind: &Kind, seed: u64) -> Result<Prepared<'a>,
                 outputs,
             }
         }
-        Kind::AddRmsnorm { rows, hidden } => {
+        Kind::AddRmsnorm { rows, hidden, bwd } => {
             let x = rnd(bf, &[rows, hidden], normal(1.0), 1)?;
             let res = rnd(bf, &[rows, hidden], normal(1.0), 2)?;
             let w = rnd(
@@ -229,9 +229,24 @@ pub fn prepare<'a>(ops: &'a Ops, kind: &Kind, seed: u64) -> Result<Prepared<'a>,
             )?;
             let (h, y) = (nan(bf, &[rows, hidden])?, nan(bf, &[rows, hidden])?);
             let rstd = nan(DType::F32, &[rows])?;
-            let outputs = vec![("h", h.clone()), ("y", y.clone()), ("rstd", rstd.clone())];
+            let mut outputs = vec![("h", h.clone()), ("y", y.clone()), ("rstd", rstd.clone())];
+            if !bwd {
+                return Ok(Prepared {
+                    run: Box::new(move || ops.add_rmsnorm_into(&x, &res, &w, &h, &y, &rstd, 1e-6)),
+                    after: None,
+                    outputs,
+                });
+            }
+            let dy = rnd(bf, &[rows, hidden], normal(1.0), 4)?;
+            let dres = rnd(bf, &[rows, hidden], normal(1.0), 5)?;
+            let (dh, dw) = (nan(bf, &[rows, hidden])?, nan(bf, &[hidden])?);
+            outputs.push(("dh", dh.clone()));
+            outputs.push(("dw", dw.clone()));
             Prepared {
-                run: Box::new(move || ops.add_rmsnorm_into(&x, &res, &w, &h, &y, &rstd, 1e-6)),
+                run: Box::new(move || {
+                    ops.add_rmsnorm_into(&x, &res, &w, &h, &y, &rstd, 1e-6)?;
+                    ops.add_rmsnorm_backward_into(&h, &w, &rstd, &dy, &dres, &dh, &dw)
+                }),
                 after: None,
                 outputs,
             }

@@ -76,8 +76,13 @@ pub enum Kind {
         hidden: usize,
         bwd: bool,
     },
-    /// `h = x + residual; y = rmsnorm(h)` fused (`Ops::add_rmsnorm_into`).
-    AddRmsnorm { rows: usize, hidden: usize },
+    /// `h = x + residual; y = rmsnorm(h)` fused (`Ops::add_rmsnorm_into`), and with
+    /// `bwd` its backward (`Ops::add_rmsnorm_backward_into`).
+    AddRmsnorm {
+        rows: usize,
+        hidden: usize,
+        bwd: bool,
+    },
     /// `silu(gate) * up` (and its backward), gate and up separate `[rows, cols]`.
     Swiglu { rows: usize, cols: usize, bwd: bool },
     /// RoPE of `q [b, s, h, d]` (and its backward).
@@ -122,7 +127,9 @@ impl Kind {
             Kind::Norm {
                 rows, hidden, bwd, ..
             } => (if *bwd { 10 } else { 4 }) * b(rows * hidden),
-            Kind::AddRmsnorm { rows, hidden } => 8 * b(rows * hidden),
+            Kind::AddRmsnorm { rows, hidden, bwd } => {
+                (if *bwd { 16 } else { 8 }) * b(rows * hidden)
+            }
             Kind::Swiglu { rows, cols, bwd } => (if *bwd { 16 } else { 6 }) * b(rows * cols),
             Kind::Rope {
                 b: bb,
@@ -251,17 +258,28 @@ pub fn workloads() -> Vec<Workload> {
     w.push(norm(true, 16384, 4096, true, 260.0));
     w.push(norm(false, 16384, 768, false, 19.0));
     w.push(norm(true, 16384, 768, false, 19.0));
-    w.push(Workload {
-        name: "add_rmsnorm_fwd_bf16_16384x4096".into(),
-        shape: "16384x4096".into(),
-        dtype: "bf16",
-        formula: "8*R*H: read x, residual, write h, y (bf16; weight and per-row stats excluded)",
-        target_us: None,
-        kind: Kind::AddRmsnorm {
-            rows: 16384,
-            hidden: 4096,
-        },
-    });
+    for bwd in [false, true] {
+        w.push(Workload {
+            name: format!(
+                "add_rmsnorm_{}_bf16_16384x4096",
+                if bwd { "fwdbwd" } else { "fwd" }
+            ),
+            shape: "16384x4096".into(),
+            dtype: "bf16",
+            formula: if bwd {
+                "16*R*H: fwd read x, residual, write h, y; bwd read h, dy, dh_residual, write dh \
+                 (bf16; weight, dw and per-row stats excluded)"
+            } else {
+                "8*R*H: read x, residual, write h, y (bf16; weight and per-row stats excluded)"
+            },
+            target_us: None,
+            kind: Kind::AddRmsnorm {
+                rows: 16384,
+                hidden: 4096,
+                bwd,
+            },
+        });
+    }
     for (bwd, target) in [(false, 190.0), (true, 530.0)] {
         w.push(Workload {
             name: format!(

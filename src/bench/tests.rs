@@ -49,7 +49,7 @@ fn floor_bytes_names_and_formulas_match_torch_peers() {
         rows.len()
     );
     let ws = workloads();
-    assert_eq!(ws.len(), 22);
+    assert_eq!(ws.len(), 23);
     for w in &ws {
         let name = format!("`{}`", w.name);
         let row = rows
@@ -85,6 +85,7 @@ fn floor_bytes_names_and_formulas_match_torch_peers() {
         untargeted,
         [
             "add_rmsnorm_fwd_bf16_16384x4096",
+            "add_rmsnorm_fwdbwd_bf16_16384x4096",
             "cross_entropy_fwdbwd_bf16_8192x50304"
         ]
     );
@@ -120,8 +121,14 @@ fn floor_bytes_of_small_kinds() {
     assert_eq!(clip.floor_bytes(), 10 * 4 * 3);
     assert_eq!(Kind::Copy { bytes: 100 }.floor_bytes(), 200);
     // add_rmsnorm: read x and residual, write h and y (bf16).
-    let add = Kind::AddRmsnorm { rows: 3, hidden: 5 };
-    assert_eq!(add.floor_bytes(), 2 * (r * h) * 2 + 2 * (r * h) * 2);
+    let add = |bwd| Kind::AddRmsnorm {
+        rows: 3,
+        hidden: 5,
+        bwd,
+    };
+    assert_eq!(add(false).floor_bytes(), 2 * (r * h) * 2 + 2 * (r * h) * 2);
+    // + read h, dy, dh_residual, write dh.
+    assert_eq!(add(true).floor_bytes(), 2 * (r * h) * 4 + 2 * (r * h) * 4);
 }
 
 #[test]
