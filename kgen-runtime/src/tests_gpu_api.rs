@@ -38,7 +38,7 @@ fn gpu_or_skip(test: &str) -> Option<Device> {
     }
 }
 
-fn vals(n: usize, seed: u64) -> Vec<f64> {
+pub(crate) fn vals(n: usize, seed: u64) -> Vec<f64> {
     (0..n)
         .map(|i| {
             let h = (i as u64 + 1).wrapping_mul(0x9E3779B97F4A7C15) ^ seed;
@@ -47,7 +47,7 @@ fn vals(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
-fn axpy_kernel(d: &Device, t: DType, ts: &[(&str, &Tensor)]) -> Arc<Kernel> {
+pub(crate) fn axpy_kernel(d: &Device, t: DType, ts: &[(&str, &Tensor)]) -> Arc<Kernel> {
     let mut o = CompileOptions::new(d.arch()).kernel("axpy").define("T", t);
     o.tensor_align = alignments(ts);
     d.kernel(&file(), &o).unwrap()

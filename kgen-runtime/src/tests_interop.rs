@@ -8,32 +8,9 @@
 use crate::*;
 use half::bf16;
 use kgen_core::types::DType;
-use kgen_core::{CompileOptions, SourceFile};
 use std::sync::Arc;
 
-const SRC: &str = "
-kernel axpy<T: float = f32, B: int = 256>(
-    a: f32, x: tensor<T, 1, contiguous>, y: tensor<T, 1, contiguous>, out: tensor<T, 1, contiguous>,
-) {
-    let i = bid(0);
-    store(out, [i], (a * (load(x, [i], [B]) as f32) + (load(y, [i], [B]) as f32)) as T);
-}
-";
-
-fn axpy(d: &Device, t: DType, ts: &[(&str, &Tensor)]) -> Arc<Kernel> {
-    let mut o = CompileOptions::new(d.arch()).kernel("axpy").define("T", t);
-    o.tensor_align = alignments(ts);
-    d.kernel(&SourceFile::new("interop.kg", SRC), &o).unwrap()
-}
-
-fn vals(n: usize, seed: u64) -> Vec<f64> {
-    (0..n)
-        .map(|i| {
-            let h = (i as u64 + 1).wrapping_mul(0x9E3779B97F4A7C15) ^ seed;
-            ((h >> 11) as f64 / (1u64 << 53) as f64) * 4.0 - 2.0 + 0.001
-        })
-        .collect()
-}
+use crate::tests_gpu_api::{axpy_kernel as axpy, vals};
 
 #[test]
 fn gpu_kernels_run_in_place_on_cudarc_buffers() {

@@ -230,28 +230,56 @@ pub fn adamw_multi_case(
         grid: [g as u32, 1, 1],
         args,
         outputs: vec![0, 2, 3],
-        reference: Box::new(move |args| {
-            let (mut p, g) = (
-                tensor_at(args, 0).to_f64_vec(),
-                tensor_at(args, 1).to_f64_vec(),
-            );
-            let (mut m, mut v) = (
-                tensor_at(args, 2).to_f64_vec(),
-                tensor_at(args, 3).to_f64_vec(),
-            );
-            let bg = tensor_at(args, 4).to_f64_vec();
-            let hp = tensor_at(args, 5).to_f64_vec();
-            for i in 0..p.len() {
-                let row = &hp[bg[i / block] as usize * HP_COLS..][..HP_COLS];
-                let [decay, beta1, c1, beta2, c2, eps, step_size, inv_bc2] =
-                    <[f64; HP_COLS]>::try_from(row).expect("8 columns");
-                m[i] = beta1 * m[i] + c1 * g[i];
-                v[i] = beta2 * v[i] + c2 * g[i] * g[i];
-                p[i] = p[i] * decay - step_size * m[i] / (v[i].sqrt() * inv_bc2 + eps);
-            }
-            vec![p, m, v]
-        }),
+        reference: Box::new(move |args| adamw_reference(args, block, false)),
         tolerance: Tolerance::for_dtype(t, f32_tol).max(Tolerance::for_dtype(s, f32_tol)),
+    }
+}
+
+/// `adamw_multi`'s result in f64 from its arguments (chunks of `block` elements, each
+/// with its group's table row): `[p, m, v]`, and with `amsgrad` also vmax (args 8 and 9:
+/// an amsgrad group's denominator and new vmax use max(vmax, v_new), another group's
+/// v_new).
+fn adamw_reference(args: &[ArgValue], block: usize, amsgrad: bool) -> Vec<Vec<f64>> {
+    let (mut p, g) = (
+        tensor_at(args, 0).to_f64_vec(),
+        tensor_at(args, 1).to_f64_vec(),
+    );
+    let (mut m, mut v) = (
+        tensor_at(args, 2).to_f64_vec(),
+        tensor_at(args, 3).to_f64_vec(),
+    );
+    let bg = tensor_at(args, 4).to_f64_vec();
+    let hp = tensor_at(args, 5).to_f64_vec();
+    let (mut vmax, ams) = if amsgrad {
+        (
+            tensor_at(args, 8).to_f64_vec(),
+            tensor_at(args, 9).to_f64_vec(),
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    for i in 0..p.len() {
+        let row = bg[i / block] as usize;
+        let [decay, beta1, c1, beta2, c2, eps, step_size, inv_bc2] =
+            <[f64; HP_COLS]>::try_from(&hp[row * HP_COLS..][..HP_COLS]).expect("8 columns");
+        m[i] = beta1 * m[i] + c1 * g[i];
+        v[i] = beta2 * v[i] + c2 * g[i] * g[i];
+        let vd = if !amsgrad {
+            v[i]
+        } else {
+            vmax[i] = if ams[row] > 0.0 {
+                vmax[i].max(v[i])
+            } else {
+                v[i]
+            };
+            vmax[i]
+        };
+        p[i] = p[i] * decay - step_size * m[i] / (vd.sqrt() * inv_bc2 + eps);
+    }
+    if amsgrad {
+        vec![p, m, v, vmax]
+    } else {
+        vec![p, m, v]
     }
 }
 
@@ -370,34 +398,7 @@ pub fn adamw_amsgrad_case(
     case.args[8] = ArgValue::Tensor(vmax);
     case.args[9] = ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[flags.len()], &flags));
     case.tensor_align = aligns(&ADAMW_PARAMS, &case.args);
-    case.reference = Box::new(move |args| {
-        let (mut p, g) = (
-            tensor_at(args, 0).to_f64_vec(),
-            tensor_at(args, 1).to_f64_vec(),
-        );
-        let (mut m, mut v) = (
-            tensor_at(args, 2).to_f64_vec(),
-            tensor_at(args, 3).to_f64_vec(),
-        );
-        let bg = tensor_at(args, 4).to_f64_vec();
-        let hp = tensor_at(args, 5).to_f64_vec();
-        let mut vmax = tensor_at(args, 8).to_f64_vec();
-        let ams = tensor_at(args, 9).to_f64_vec();
-        for i in 0..p.len() {
-            let row = bg[i / block] as usize;
-            let [decay, beta1, c1, beta2, c2, eps, step_size, inv_bc2] =
-                <[f64; HP_COLS]>::try_from(&hp[row * HP_COLS..][..HP_COLS]).expect("8 columns");
-            m[i] = beta1 * m[i] + c1 * g[i];
-            v[i] = beta2 * v[i] + c2 * g[i] * g[i];
-            vmax[i] = if ams[row] > 0.0 {
-                vmax[i].max(v[i])
-            } else {
-                v[i]
-            };
-            p[i] = p[i] * decay - step_size * m[i] / (vmax[i].sqrt() * inv_bc2 + eps);
-        }
-        vec![p, m, v, vmax]
-    });
+    case.reference = Box::new(move |args| adamw_reference(args, block, true));
     case.outputs.push(8);
     case.defines.push(("AMSGRAD".into(), "true".into()));
     case.label = case.label.replacen("adamw_multi", "adamw_multi AMSGRAD", 1);
