@@ -2,7 +2,8 @@
 //! library (and triton's do_bench times a Triton kernel): warm-up launches, then N
 //! launches each after a 256 MB write that empties the L2, CUDA events around each, the
 //! median and the 20th / 80th percentiles, and GB/s over the bytes of the tensors the
-//! kernel reads and writes (each counted once per launch).
+//! kernel reads and writes (each counted once per launch); then a device-to-device copy
+//! of the same bytes, timed the same way in the same run, as the bandwidth peer.
 //!
 //! Assumes: the caller compiled the kernel (`opts`) and built its random inputs (`args`,
 //! outputs poisoned). Guarantees: nothing is compared (the interpreter is not run: the
@@ -12,6 +13,7 @@ use super::common::{say, CliError, CliResult};
 use kgen::bench::measure::Timer;
 use kgen::core::abi::SourceParam;
 use kgen::core::host::ArgValue;
+use kgen::core::types::DType;
 use kgen::core::{CompileOptions, SourceFile};
 use kgen::ops::Ops;
 use kgen::runtime::{Arg, Device};
@@ -78,6 +80,26 @@ pub(super) fn time_kernel(
         bytes as f64 / (m.median_us * 1e3),
         bytes,
         m.host_us
+    ));
+    // The peer in the same run: a device-to-device copy moving the same bytes (half
+    // read, half written), timed the same way.
+    let half = (bytes / 2).max(2);
+    let (src, dst) = (
+        ops.empty(DType::U32, &[half.div_ceil(4)])
+            .map_err(|e| msg(&e))?,
+        ops.empty(DType::U32, &[half.div_ceil(4)])
+            .map_err(|e| msg(&e))?,
+    );
+    src.fill_zero().map_err(|e| msg(&e))?;
+    let c = timer
+        .time(&mut || Ok(dst.copy_from(&src)?))
+        .map_err(|e| msg(&e))?;
+    say(format_args!(
+        "a device-to-device copy of the same bytes, same run: median {:.2} us ({:.0} GB/s): \
+         the kernel takes {:.1}% of its time",
+        c.median_us,
+        bytes as f64 / (c.median_us * 1e3),
+        100.0 * m.median_us / c.median_us
     ));
     say("not checked against the interpreter (run without --bench for that)");
     Ok(())
