@@ -170,11 +170,26 @@ impl Ops {
     }
 
     fn swiglu_2d(&self, gate: &Tensor, up: &Tensor, out: &Tensor, t: DType) -> Result<(), OpError> {
+        self.swiglu_launch("swiglu", &[("gate", gate), ("up", up), ("out", out)], t)
+    }
+
+    /// `swiglu` or `swiglu_bwd` over 2-D views, `tensors` in the kernel's parameter order
+    /// (gate first): the plan, the tuner's candidates, the launch.
+    fn swiglu_launch(
+        &self,
+        name: &'static str,
+        tensors: &[(&str, &Tensor)],
+        t: DType,
+    ) -> Result<(), OpError> {
+        let gate = tensors[0].1;
         let (rows, h) = (gate.shape()[0], gate.shape()[1]);
         let cfgs = swiglu_configs(h);
-        let args = [Arg::from(gate), Arg::from(up), Arg::from(out)];
+        let args: Vec<Arg> = tensors.iter().map(|(_, x)| Arg::from(*x)).collect();
+        let key = tensors
+            .iter()
+            .fold(PlanKey::new(name), |k, (_, x)| k.tensor(x));
         self.launch_planned(
-            PlanKey::new("swiglu").tensors(&[gate, up, out]),
+            key,
             &args,
             || format!("T={t},rows={rows},H={h},stride={}", gate.strides()[0]),
             || swiglu_labels(&cfgs),
@@ -182,14 +197,14 @@ impl Ops {
                 let (r, b, w) = cfgs[i];
                 let k = self.kernel(
                     "swiglu",
-                    "swiglu",
+                    name,
                     &[
                         ("T", t.to_string()),
                         ("ROWS", r.to_string()),
                         ("BLOCK", b.to_string()),
                     ],
                     Some(w),
-                    &[("gate", gate), ("up", up), ("out", out)],
+                    tensors,
                 )?;
                 Ok((k, swiglu_grid(rows, r, h, b)?))
             },
@@ -261,43 +276,14 @@ impl Ops {
         [dgate, dup]: [&Tensor; 2],
         t: DType,
     ) -> Result<(), OpError> {
-        let (rows, h) = (gate.shape()[0], gate.shape()[1]);
-        let cfgs = swiglu_configs(h);
-        let args = [
-            Arg::from(gate),
-            Arg::from(up),
-            Arg::from(dout),
-            Arg::from(dgate),
-            Arg::from(dup),
+        let tensors = [
+            ("gate", gate),
+            ("up", up),
+            ("dout", dout),
+            ("dgate", dgate),
+            ("dup", dup),
         ];
-        self.launch_planned(
-            PlanKey::new("swiglu_bwd").tensors(&[gate, up, dout, dgate, dup]),
-            &args,
-            || format!("T={t},rows={rows},H={h},stride={}", gate.strides()[0]),
-            || swiglu_labels(&cfgs),
-            |i| {
-                let (r, b, w) = cfgs[i];
-                let k = self.kernel(
-                    "swiglu",
-                    "swiglu_bwd",
-                    &[
-                        ("T", t.to_string()),
-                        ("ROWS", r.to_string()),
-                        ("BLOCK", b.to_string()),
-                    ],
-                    Some(w),
-                    &[
-                        ("gate", gate),
-                        ("up", up),
-                        ("dout", dout),
-                        ("dgate", dgate),
-                        ("dup", dup),
-                    ],
-                )?;
-                Ok((k, swiglu_grid(rows, r, h, b)?))
-            },
-        )?;
-        Ok(())
+        self.swiglu_launch("swiglu_bwd", &tensors, t)
     }
 
     // ---------------------------------------------------------------- ReLU
