@@ -22,6 +22,8 @@
 //!   constant or splat: then they take the layout the body yields (one re-run).
 //! - A load used only by a broadcast (through casts / negations) takes the broadcast
 //!   result's anchor, resized to its own shape, so the broadcast is free.
+//! - Last, `cheap_layouts` moves values that are cheap in any layout (index tiles, small
+//!   read-only loads) into the one layout all their uses need.
 
 use super::axis::{self, AxisFacts};
 use super::layout::{self, Blocked, Layout, Linear};
@@ -58,6 +60,13 @@ impl Assignment {
         }
         let vec = self.pref_vec.get(&squeeze(shape)).copied().unwrap_or(1);
         Layout::Blocked(Blocked::default_for(shape, vec, self.num_warps))
+    }
+
+    /// Replaces the layout of `v` (the backward phase, `cheap_layouts`).
+    pub fn set_layout(&mut self, v: ValueId, l: Layout) {
+        if let Some(slot) = self.layouts.get_mut(v.index()) {
+            *slot = Some(l);
+        }
     }
 
     pub fn is_uniform_tile(&self, v: ValueId) -> bool {
@@ -105,7 +114,9 @@ pub fn assign(func: &Function, num_warps: u32) -> Assignment {
     a.collect_vectors(&func.body);
     a.broadcast_sources();
     a.block(&func.body);
-    a.out
+    let mut out = a.out;
+    super::cheap_layouts::propagate(func, &mut out);
+    out
 }
 
 impl Assigner<'_> {

@@ -13,6 +13,7 @@
 
 pub mod assign;
 pub mod axis;
+pub mod cheap_layouts;
 pub mod dead_code;
 pub mod isa;
 pub mod layout;
