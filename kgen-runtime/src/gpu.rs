@@ -26,6 +26,8 @@ pub struct DeviceInfo {
     pub total_mem_bytes: u64,
     /// The largest dynamic shared memory a block may opt in to.
     pub max_shared_per_block_optin: u32,
+    /// The L2 cache's size in bytes.
+    pub l2_cache_bytes: u64,
 }
 
 impl std::fmt::Display for DeviceInfo {
@@ -147,6 +149,9 @@ impl Gpu {
         let optin = ctx
             .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .op("cuDeviceGetAttribute")?;
+        let l2 = ctx
+            .attribute(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+            .op("cuDeviceGetAttribute")?;
         let total = ctx.total_mem().op("cuDeviceTotalMem")?;
         let stream = ctx.default_stream();
         let info = DeviceInfo {
@@ -157,6 +162,7 @@ impl Gpu {
             sm_count: sm_count.max(0) as u32,
             total_mem_bytes: total as u64,
             max_shared_per_block_optin: optin.max(0) as u32,
+            l2_cache_bytes: l2.max(0) as u64,
         };
         Ok(Gpu {
             ctx,

@@ -14,6 +14,9 @@ use super::{OpError, Ops};
 use kgen_runtime::{tensor_alignment, Arg, Kernel, RuntimeError, Tensor};
 use std::sync::Arc;
 
+/// The smallest L2 flush buffer (a device reporting no L2 size still gets one).
+const MIN_FLUSH_BYTES: usize = 64 << 20;
+
 /// What a single-launch op's launch depends on: the op and a list of words.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct PlanKey {
@@ -99,13 +102,30 @@ impl Ops {
                 None => (0, false),
             };
         }
+        // Every timed run starts with an empty L2, as in `kgen bench` (and triton's
+        // do_bench): candidates are ranked on inputs read from memory. Timed back to
+        // back, part of the inputs stays in L2 from the run before, which ranked the
+        // 4096-wide norms' candidates unlike the bench (docs/PERFORMANCE.md). Without
+        // memory for the buffer, the runs are timed without it.
+        let flush = self.l2_flush_buffer();
         let i = self
             .tuner()
             .pick(op, self.device(), shape_key, labels, |i| {
+                if let Some(f) = &flush {
+                    f.fill_zero()?;
+                }
                 time(i).map_err(as_runtime)
             });
         self.remember_tuned(memo_key, &labels[i]);
         (i, true)
+    }
+
+    /// A buffer twice the size of the device's L2 on this handle's stream, whose clearing
+    /// evicts everything the L2 holds (`None` on the interpreter or without memory).
+    fn l2_flush_buffer(&self) -> Option<Tensor> {
+        let l2 = self.device().gpu()?.info().l2_cache_bytes as usize;
+        let bytes = (2 * l2).max(MIN_FLUSH_BYTES);
+        self.empty(kgen_core::types::DType::F32, &[bytes / 4]).ok()
     }
 
     /// Runs one of several launch configurations: `run(i, timed)` launches candidate `i`
