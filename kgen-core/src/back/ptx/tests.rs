@@ -923,9 +923,10 @@ pub(super) fn compile_source_sm90a(src: &str, warps: u32, name: &str) -> String 
     }
 }
 
-/// Two cross-warp sums whose operands are both computed before the first: one shared-
-/// memory exchange (one barrier pair) for both; when the second operand is computed
-/// after the first sum, two exchanges. The value each sum produces is the same either way
+/// Two cross-warp sums whose operands are both computed before the first, or computed
+/// after it by element-wise work that needs nothing from it (hoisted before the batch):
+/// one shared-memory exchange (one barrier pair) for both; when the second operand needs
+/// the first sum, two exchanges. The value each sum produces is the same either way
 /// (the interpreter and the GPU self-test check the kernels that batch).
 #[test]
 fn ready_cross_warp_reductions_share_one_exchange() {
@@ -944,6 +945,19 @@ kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
     assert_eq!(batched.matches("bar.sync").count(), 2, "{batched}");
     // Both regions in one buffer: 8 warps x 4 bytes each.
     assert!(batched.contains("kg_smem[64]"), "{batched}");
+    // `v * v + 1.0` after the first sum: hoisted, the same single exchange.
+    let hoisted = compile(
+        r#"
+kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let v = load(x, [0], [2048]);
+    let a = sum(v, 0);
+    let b = sum(v * v + 1.0, 0);
+    store(y, [0], full([1], a * b));
+}
+"#,
+    );
+    assert_eq!(hoisted.matches("bar.sync").count(), 2, "{hoisted}");
+    assert!(hoisted.contains("kg_smem[64]"), "{hoisted}");
     let serial = compile(
         r#"
 kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {

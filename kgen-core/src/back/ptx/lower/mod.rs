@@ -690,8 +690,13 @@ impl<'a> Lowerer<'a> {
                 self.lower_cluster_gathers(&gathers)?;
                 continue;
             }
-            let batch = self.reduction_batch(&b.insts[k..]);
+            let (batch, hoisted) = self.reduction_batch(&b.insts[k..]);
             if batch.len() > 1 {
+                // The element-wise work a later reduction of the batch reads, first.
+                for &h in &hoisted {
+                    self.inst(h)?;
+                }
+                batched.extend(hoisted);
                 batched.extend(batch.iter().map(|r| r.0));
                 self.lower_reduce_batch(&batch)?;
                 continue;
@@ -714,9 +719,17 @@ impl<'a> Lowerer<'a> {
 
     /// When `insts[0]` is a reduction across warps: it and the cross-warp reductions
     /// among the next [`REDUCE_BATCH_WINDOW`] instructions of the block (stopping at
-    /// control flow) whose operands are already computed, so they can share one
-    /// shared-memory exchange. Empty otherwise.
-    fn reduction_batch(&self, insts: &[InstId]) -> Vec<(InstId, ReduceOp, ValueId, usize)> {
+    /// control flow) whose operands are computed already or by pure instructions of the
+    /// window that need nothing else (the window's element-wise and shape instructions
+    /// whose operands are so available, not the batch's own results), so they can share
+    /// one shared-memory exchange: `sum(d, 0)` then `sum(d * d, 0)` batch although
+    /// `d * d` comes after the first. Returns the batch and the pure instructions to
+    /// lower before it, in program order (both empty when `insts[0]` is not such a
+    /// reduction; the second empty when the batch has one reduction).
+    fn reduction_batch(
+        &self,
+        insts: &[InstId],
+    ) -> (Vec<(InstId, ReduceOp, ValueId, usize)>, Vec<InstId>) {
         let func = self.func;
         let cross_warp = |op: &Op| match op {
             Op::Reduce { op, value, axis } => {
@@ -730,24 +743,73 @@ impl<'a> Lowerer<'a> {
             _ => None,
         };
         let Some(&first) = insts.first() else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let Some((op, value, axis)) = cross_warp(&func.insts[first].op) else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let mut batch = vec![(first, op, value, axis)];
+        // Pure instructions of the window whose operands are available, by result.
+        let mut pure: HashMap<ValueId, InstId> = HashMap::new();
+        let available = |v: ValueId, pure: &HashMap<ValueId, InstId>| {
+            self.is_computed(v) || pure.contains_key(&v)
+        };
         for &j in insts.iter().skip(1).take(REDUCE_BATCH_WINDOW) {
-            let inst = &func.insts[j].op;
-            if matches!(inst, Op::For { .. } | Op::If { .. } | Op::Yield(_)) {
+            let inst = &func.insts[j];
+            if matches!(inst.op, Op::For { .. } | Op::If { .. } | Op::Yield(_)) {
                 break;
             }
-            if let Some((op, value, axis)) = cross_warp(inst) {
-                if self.is_computed(value) {
+            if let Some((op, value, axis)) = cross_warp(&inst.op) {
+                if available(value, &pure) {
                     batch.push((j, op, value, axis));
+                }
+                continue;
+            }
+            let hoistable = matches!(
+                inst.op,
+                Op::Const(_)
+                    | Op::Splat(_)
+                    | Op::Arange { .. }
+                    | Op::Unary(..)
+                    | Op::Binary(..)
+                    | Op::Compare(..)
+                    | Op::Select(..)
+                    | Op::Fma(..)
+                    | Op::Cast(_)
+                    | Op::Broadcast(_)
+                    | Op::ExpandDims(..)
+                    | Op::Reshape(_)
+                    | Op::Permute(..)
+            );
+            if hoistable
+                && Function::operands(&inst.op)
+                    .iter()
+                    .all(|&o| available(o, &pure))
+            {
+                if let [r] = inst.results[..] {
+                    pure.insert(r, j);
                 }
             }
         }
-        batch
+        if batch.len() < 2 {
+            return (batch, Vec::new());
+        }
+        // The pure instructions the batch's operands need, transitively, in order.
+        let mut needed: std::collections::HashSet<InstId> = std::collections::HashSet::new();
+        let mut work: Vec<ValueId> = batch.iter().map(|b| b.2).collect();
+        while let Some(v) = work.pop() {
+            if let Some(&j) = pure.get(&v) {
+                if needed.insert(j) {
+                    work.extend(Function::operands(&func.insts[j].op));
+                }
+            }
+        }
+        let hoisted = insts
+            .iter()
+            .copied()
+            .filter(|j| needed.contains(j))
+            .collect();
+        (batch, hoisted)
     }
 
     /// A region's body with its own conversion cache.
