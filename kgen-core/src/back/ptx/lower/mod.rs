@@ -39,6 +39,9 @@ pub use cluster::{CLUSTER_SLOTS, SLOT_BYTES};
 
 /// The name of the one shared-memory buffer.
 pub const SMEM: &str = "kg_smem";
+/// A reduction of a batch: its instruction, op, operand and axis.
+pub type BatchedReduction = (InstId, ReduceOp, ValueId, usize);
+
 /// How many instructions after a cross-warp reduction are searched for others to batch
 /// with it (a bound on how early a later reduction runs, and so on its live range).
 const REDUCE_BATCH_WINDOW: usize = 16;
@@ -726,10 +729,7 @@ impl<'a> Lowerer<'a> {
     /// `d * d` comes after the first. Returns the batch and the pure instructions to
     /// lower before it, in program order (both empty when `insts[0]` is not such a
     /// reduction; the second empty when the batch has one reduction).
-    fn reduction_batch(
-        &self,
-        insts: &[InstId],
-    ) -> (Vec<(InstId, ReduceOp, ValueId, usize)>, Vec<InstId>) {
+    fn reduction_batch(&self, insts: &[InstId]) -> (Vec<BatchedReduction>, Vec<InstId>) {
         let func = self.func;
         let cross_warp = |op: &Op| match op {
             Op::Reduce { op, value, axis } => {

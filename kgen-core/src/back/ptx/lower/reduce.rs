@@ -176,10 +176,7 @@ impl Lowerer<'_> {
     /// registers and across lanes on its own, then all of them exchange their cross-warp
     /// partials through one shared-memory round trip (one barrier pair for the batch).
     /// Each result is bit-identical to lowering that reduction alone.
-    pub fn lower_reduce_batch(
-        &mut self,
-        reductions: &[(crate::ir::InstId, ReduceOp, ValueId, usize)],
-    ) -> R<()> {
+    pub fn lower_reduce_batch(&mut self, reductions: &[super::BatchedReduction]) -> R<()> {
         let mut parts = Vec::with_capacity(reductions.len());
         for &(id, op, value, axis) in reductions {
             parts.push(self.reduce_partial(id, op, value, axis)?);
