@@ -533,6 +533,31 @@ impl Function {
 /// Calls `f` on every instruction of `roots` and of the regions nested in them, each
 /// once (safe on unvalidated IR: an instruction reached twice, as in a region that
 /// contains itself, is visited once).
+/// Every instruction of `func`, in program order, a region's instructions right after the
+/// instruction that holds it (a `For`'s body, an `If`'s then and else bodies).
+pub fn program_order(func: &Function) -> Vec<InstId> {
+    fn walk(func: &Function, block: &Block, out: &mut Vec<InstId>) {
+        for &i in &block.insts {
+            out.push(i);
+            match func.insts.get(i).map(|inst| &inst.op) {
+                Some(Op::For { body, .. }) => walk(func, body, out),
+                Some(Op::If {
+                    then_body,
+                    else_body,
+                    ..
+                }) => {
+                    walk(func, then_body, out);
+                    walk(func, else_body, out);
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(func, &func.body, &mut out);
+    out
+}
+
 pub fn visit_insts<'f>(func: &'f Function, roots: Vec<&'f Block>, mut f: impl FnMut(&'f Op)) {
     let mut seen = std::collections::HashSet::new();
     let mut stack = roots;

@@ -25,7 +25,7 @@
 
 use super::assign::Assignment;
 use super::layout::{self, Layout, Linear};
-use crate::ir::{Block, Function, InstId, Op, ValueId};
+use crate::ir::{Function, InstId, Op, ValueId};
 use crate::types::ValueType;
 use std::collections::{HashMap, HashSet};
 
@@ -35,8 +35,7 @@ const CHEAP_LOAD_ELEMENTS: u64 = 1024;
 
 /// Runs the phase over `func`, updating `asg` in place.
 pub fn propagate(func: &Function, asg: &mut Assignment) {
-    let mut order = Vec::new();
-    program_order(func, &func.body, &mut order);
+    let order = crate::ir::program_order(func);
     let mut defs: HashMap<ValueId, InstId> = HashMap::new();
     let mut uses: HashMap<ValueId, Vec<InstId>> = HashMap::new();
     let mut written: HashSet<u32> = HashSet::new();
@@ -143,25 +142,6 @@ pub fn pull_back(dst: &Linear, src_shape: &[u32], weights: &[u64]) -> Linear {
 
 fn is_scalar(func: &Function, v: ValueId) -> bool {
     matches!(func.value_type(v), ValueType::Scalar(_))
-}
-
-/// Every instruction of `block` and its regions, in program order.
-fn program_order(func: &Function, block: &Block, out: &mut Vec<InstId>) {
-    for &i in &block.insts {
-        out.push(i);
-        match &func.insts[i].op {
-            Op::For { body, .. } => program_order(func, body, out),
-            Op::If {
-                then_body,
-                else_body,
-                ..
-            } => {
-                program_order(func, then_body, out);
-                program_order(func, else_body, out);
-            }
-            _ => {}
-        }
-    }
 }
 
 /// Which values are cheap to compute in any layout (see the module docs), memoized.

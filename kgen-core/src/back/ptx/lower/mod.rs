@@ -164,7 +164,7 @@ pub struct Lowerer<'a> {
 impl<'a> Lowerer<'a> {
     pub fn new(func: &'a Function, asg: &'a Assignment, target: &'a Target) -> Lowerer<'a> {
         let mut uses = HashMap::new();
-        count_uses(func, &func.body, &mut uses);
+        count_uses(func, &mut uses);
         let threads = asg.num_warps * 32;
         let (scratch, scratch_bytes) = scratch::place(
             &func.scratch,
@@ -1068,23 +1068,10 @@ pub fn mem_sym(name: &str) -> Operand {
     Operand::Mem(Addr::Sym(name.to_string()), 0)
 }
 
-fn count_uses(func: &Function, b: &Block, uses: &mut HashMap<ValueId, usize>) {
-    for &i in &b.insts {
-        let op = &func.insts[i].op;
-        for v in Function::operands(op) {
+fn count_uses(func: &Function, uses: &mut HashMap<ValueId, usize>) {
+    for i in crate::ir::program_order(func) {
+        for v in Function::operands(&func.insts[i].op) {
             *uses.entry(v).or_insert(0) += 1;
-        }
-        match op {
-            Op::For { body, .. } => count_uses(func, body, uses),
-            Op::If {
-                then_body,
-                else_body,
-                ..
-            } => {
-                count_uses(func, then_body, uses);
-                count_uses(func, else_body, uses);
-            }
-            _ => {}
         }
     }
 }
