@@ -105,13 +105,14 @@ impl Ops {
         // Every timed run starts with an empty L2, as in `kgen bench` (and triton's
         // do_bench): candidates are ranked on inputs read from memory. Timed back to
         // back, part of the inputs stays in L2 from the run before, which ranked the
-        // 4096-wide norms' candidates unlike the bench (docs/PERFORMANCE.md). Without
-        // memory for the buffer, the runs are timed without it.
-        let flush = self.l2_flush_buffer();
+        // 4096-wide norms' candidates unlike the bench (docs/PERFORMANCE.md). The buffer
+        // is made at the first timed run (none when the tuner has a stored answer);
+        // without memory for it, the runs are timed without it.
+        let mut flush: Option<Option<Tensor>> = None;
         let i = self
             .tuner()
             .pick(op, self.device(), shape_key, labels, |i| {
-                if let Some(f) = &flush {
+                if let Some(f) = flush.get_or_insert_with(|| self.l2_flush_buffer()) {
                     f.fill_zero()?;
                 }
                 time(i).map_err(as_runtime)
