@@ -723,10 +723,10 @@ impl Ops {
                         ignore,
                     ];
                     let wargs = window_args(Some(dx));
-                    self.launch_tuned("cross_entropy", &shape_key, &labels, |i, timed| {
+                    self.launch_tuned("cross_entropy", &shape_key, &labels, |i, pass| {
                         let grid = grid_x(configs[i].blocks)?;
                         let a: &[Arg] = if configs[i].window { &wargs } else { &args };
-                        self.launch_maybe_timed(&*row_kernel(i)?, grid, a, timed)
+                        self.launch_maybe_timed(&*row_kernel(i)?, grid, a, pass)
                     })?;
                 }
                 None => {

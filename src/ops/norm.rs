@@ -500,7 +500,7 @@ impl Ops {
         } else {
             "rmsnorm_bwd"
         };
-        self.launch_tuned(tuned_op, &key, &labels, |i, timed| {
+        self.launch_tuned(tuned_op, &key, &labels, |i, pass| {
             let BwdConfig {
                 block,
                 g,
@@ -539,7 +539,7 @@ impl Ops {
                 Arg::from(&part),
                 Arg::from(&dres2),
             ];
-            let main = self.launch_maybe_timed(&k, grid_x(g)?, &args, timed)?;
+            let main = self.launch_maybe_timed(&k, grid_x(g)?, &args, pass)?;
             // dw = the column sum of exactly the G partial rows this launch wrote
             // (timed together: a larger G costs the column sum more).
             let (cb, cr) = colsum_tile(cols, self.sm_count(), 16);
@@ -555,7 +555,7 @@ impl Ops {
                 &[("dw_partial", &part), ("dw", dw)],
             )?;
             let args = [Arg::from(&part), Arg::from(dw)];
-            Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, timed)?)
+            Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, pass)?)
         })?;
         self.give_back_workspace(workspace);
         Ok(())
@@ -728,7 +728,7 @@ impl Ops {
         let (pw_all, pb_all) = (parts.select(0, 0)?, parts.select(0, 1)?);
         let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
         let key = format!("T={t},rows={rows},cols={cols}");
-        self.launch_tuned("layernorm_bwd", &key, &labels, |i, timed| {
+        self.launch_tuned("layernorm_bwd", &key, &labels, |i, pass| {
             let BwdConfig {
                 block,
                 g,
@@ -766,7 +766,7 @@ impl Ops {
                 Arg::from(&pw),
                 Arg::from(&pb),
             ];
-            let main = self.launch_maybe_timed(&k, grid_x(g)?, &args, timed)?;
+            let main = self.launch_maybe_timed(&k, grid_x(g)?, &args, pass)?;
             // dw, db = column sums of exactly the G partial rows this launch wrote.
             let (cb, cr) = colsum_tile(cols, self.sm_count(), 8);
             let k = self.kernel(
@@ -786,7 +786,7 @@ impl Ops {
                 ],
             )?;
             let args = [Arg::from(&pw), Arg::from(&pb), Arg::from(dw), Arg::from(db)];
-            Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, timed)?)
+            Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, pass)?)
         })?;
         self.give_back_workspace(workspace);
         Ok(())

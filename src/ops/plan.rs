@@ -53,6 +53,17 @@ impl PlanKey {
     }
 }
 
+/// What a tuned op's candidate closure does with the kernels it makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Make them only (the parallel build before tuning).
+    Build,
+    /// Launch them.
+    Launch,
+    /// Launch them timed (a tuning run).
+    Timed,
+}
+
 /// A remembered launch: the kernel and its grid.
 #[derive(Clone)]
 pub(crate) struct Plan {
@@ -80,6 +91,7 @@ impl Ops {
         op: &str,
         shape_key: &str,
         labels: &[String],
+        build: &(dyn Fn(usize) -> Result<(), OpError> + Sync),
         time: impl Fn(usize) -> Result<f32, OpError>,
     ) -> (usize, bool) {
         if !(labels.len() > 1 && self.device().is_gpu() && self.tuner().enabled()) {
@@ -91,16 +103,20 @@ impl Ops {
         if let Some(i) = self.tuned_memo(&memo_key, labels) {
             return (i, true);
         }
+        let key = kgen_runtime::autotune::Autotuner::key(op, self.device(), shape_key);
+        let stored = self
+            .tuner()
+            .stored(&key)
+            .and_then(|l| labels.iter().position(|x| *x == l));
         if self.stream().is_capturing() {
-            let key = kgen_runtime::autotune::Autotuner::key(op, self.device(), shape_key);
-            return match self
-                .tuner()
-                .stored(&key)
-                .and_then(|l| labels.iter().position(|x| *x == l))
-            {
+            return match stored {
                 Some(i) => (i, true),
                 None => (0, false),
             };
+        }
+        if stored.is_none() {
+            // About to time every candidate: build them all first, at once.
+            build_all(labels.len(), build);
         }
         // Every timed run starts with an empty L2, as in `kgen bench` (and triton's
         // do_bench): candidates are ranked on inputs read from memory. Timed back to
@@ -129,19 +145,22 @@ impl Ops {
         self.empty(kgen_core::types::DType::F32, &[bytes / 4]).ok()
     }
 
-    /// Runs one of several launch configurations: `run(i, timed)` launches candidate `i`
-    /// (`timed`: through `launch_timed`, returning ms), as [`Ops::choose`] picks it.
-    /// Returns the index launched. (Ops of several launches; a single-launch op uses
+    /// Runs one of several launch configurations: `run(i, pass)` makes candidate `i`'s
+    /// kernels and, unless `pass` is [`Pass::Build`], launches them (timed: through
+    /// `launch_timed`, returning ms), as [`Ops::choose`] picks it (which builds every
+    /// candidate at once, `Pass::Build` on one thread each, before timing them). Returns
+    /// the index launched. (Ops of several launches; a single-launch op uses
     /// [`Ops::launch_planned`].)
     pub(crate) fn launch_tuned(
         &self,
         op: &str,
         shape_key: &str,
         labels: &[String],
-        run: impl Fn(usize, bool) -> Result<f32, OpError>,
+        run: impl Fn(usize, Pass) -> Result<f32, OpError> + Sync,
     ) -> Result<usize, OpError> {
-        let (i, _) = self.choose(op, shape_key, labels, |i| run(i, true));
-        run(i, false)?;
+        let build = |i: usize| run(i, Pass::Build).map(|_| ());
+        let (i, _) = self.choose(op, shape_key, labels, &build, |i| run(i, Pass::Timed));
+        run(i, Pass::Launch)?;
         Ok(i)
     }
 
@@ -155,14 +174,15 @@ impl Ops {
         args: &[Arg],
         shape_key: impl FnOnce() -> String,
         labels: impl FnOnce() -> Vec<String>,
-        resolve: impl Fn(usize) -> Result<(Arc<Kernel>, [u32; 3]), OpError>,
+        resolve: impl Fn(usize) -> Result<(Arc<Kernel>, [u32; 3]), OpError> + Sync,
     ) -> Result<(), OpError> {
         let known = self.plans.lock().ok().and_then(|m| m.get(&key).cloned());
         if let Some(p) = known {
             return self.launch(&p.kernel, p.grid, args);
         }
         let (labels, shape_key) = (labels(), shape_key());
-        let (i, settled) = self.choose(key.op, &shape_key, &labels, |i| {
+        let build = |i: usize| resolve(i).map(|_| ());
+        let (i, settled) = self.choose(key.op, &shape_key, &labels, &build, |i| {
             let (k, grid) = resolve(i)?;
             Ok(self.device().launch_timed(self.stream(), &k, grid, args)?)
         });
@@ -176,21 +196,43 @@ impl Ops {
         Ok(())
     }
 
-    /// Launches `k`, timed (ms, synchronizing) or not (0.0).
+    /// Launches `k` as `pass` says: timed (ms, synchronizing), untimed (0.0), or not at
+    /// all (`Build`: 0.0; the caller only wanted its kernels made).
     pub(crate) fn launch_maybe_timed(
         &self,
         k: &Kernel,
         grid: [u32; 3],
         args: &[Arg],
-        timed: bool,
+        pass: Pass,
     ) -> Result<f32, OpError> {
-        if timed {
-            Ok(self.device().launch_timed(self.stream(), k, grid, args)?)
-        } else {
-            self.launch(k, grid, args)?;
-            Ok(0.0)
+        match pass {
+            Pass::Build => Ok(0.0),
+            Pass::Launch => {
+                self.launch(k, grid, args)?;
+                Ok(0.0)
+            }
+            Pass::Timed => Ok(self.device().launch_timed(self.stream(), k, grid, args)?),
         }
     }
+}
+
+/// Builds (compiles and loads) candidates `0..n` at once, one thread each: the driver's
+/// PTX JIT runs in parallel across threads, and a candidate's first timed run would
+/// otherwise wait for its own. On an H100 host five `rmsnorm` candidates took 257–367 ms
+/// one after another and 104–109 ms at once (docs/PERFORMANCE.md). A build that fails
+/// is left to the candidate's timed run, which skips it with its error.
+fn build_all(n: usize, build: &(dyn Fn(usize) -> Result<(), OpError> + Sync)) {
+    if n < 2 {
+        return;
+    }
+    std::thread::scope(|s| {
+        for i in 1..n {
+            s.spawn(move || {
+                let _ = build(i);
+            });
+        }
+        let _ = build(0);
+    });
 }
 
 impl Ops {
@@ -206,6 +248,33 @@ mod tests {
     use super::*;
     use kgen_core::types::DType;
     use kgen_runtime::Device;
+
+    /// Every candidate is built once, failures included (left to its timed run), and
+    /// the builds overlap: each stays active 100 ms, and all five were active at once.
+    #[test]
+    fn candidates_are_built_once_each_at_the_same_time() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Mutex;
+        let n = 5;
+        let (active, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let built = Mutex::new(Vec::new());
+        build_all(n, &|i| {
+            let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            active.fetch_sub(1, Ordering::SeqCst);
+            built.lock().unwrap().push(i);
+            if i == 3 {
+                Err(OpError::Runtime(RuntimeError::LaunchConfig("no".into())))
+            } else {
+                Ok(())
+            }
+        });
+        let mut b = built.into_inner().unwrap();
+        b.sort();
+        assert_eq!(b, (0..n).collect::<Vec<_>>());
+        assert_eq!(most.load(Ordering::SeqCst), n);
+    }
 
     /// A warm call reuses the remembered launch; a view with another alignment, shape or
     /// dtype gets its own (reusing the aligned kernel for a misaligned view would be a
