@@ -844,6 +844,13 @@ fn rmsnorm_kernel_launch(
     )
 }
 
+/// The first launch of [`first_launches`]' kernel in this process with an empty disk
+/// cache in `dir`: what a fresh process pays when nothing was built in it before (the
+/// driver's JIT start-up included), run by `kgen bench` in child processes.
+pub fn first_launch_in_this_process(dir: &Path) -> Result<FirstLaunch, OpError> {
+    one_first_launch(dir, 0).map(|(f, _)| f)
+}
+
 /// First launch in a fresh GPU device with an empty disk cache in `dir` (which must not
 /// hold kgen cache entries), then again in another fresh device with the cache `dir` now
 /// holds, then an in-memory hit.
