@@ -533,6 +533,29 @@ impl Function {
 /// Calls `f` on every instruction of `roots` and of the regions nested in them, each
 /// once (safe on unvalidated IR: an instruction reached twice, as in a region that
 /// contains itself, is visited once).
+/// Whether `op` computes its result from its operands alone, element by element or by
+/// moving elements: constants, `splat`, `arange`, the element-wise ops and the shape ops.
+/// Such an instruction reads no memory, has no effect and exchanges nothing between
+/// blocks, so it can be moved earlier (past anything but its operands' definitions).
+pub fn is_pure_value_op(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Const(_)
+            | Op::Splat(_)
+            | Op::Arange { .. }
+            | Op::Unary(..)
+            | Op::Binary(..)
+            | Op::Compare(..)
+            | Op::Select(..)
+            | Op::Fma(..)
+            | Op::Cast(_)
+            | Op::Broadcast(_)
+            | Op::ExpandDims(..)
+            | Op::Reshape(_)
+            | Op::Permute(..)
+    )
+}
+
 /// Every instruction of `func`, in program order, a region's instructions right after the
 /// instruction that holds it (a `For`'s body, an `If`'s then and else bodies).
 pub fn program_order(func: &Function) -> Vec<InstId> {

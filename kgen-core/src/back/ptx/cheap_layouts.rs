@@ -168,20 +168,14 @@ impl Cheapness<'_> {
             Some(&i) => {
                 let op = &self.func.insts[i].op;
                 match op {
-                    Op::Arange { .. } | Op::Const(_) | Op::Splat(_) => true,
-                    Op::Unary(..)
-                    | Op::Binary(..)
-                    | Op::Compare(..)
-                    | Op::Select(..)
-                    | Op::Fma(..)
-                    | Op::Cast(_)
-                    | Op::Broadcast(_)
-                    | Op::ExpandDims(..)
-                    | Op::Permute(..) => Function::operands(op).iter().all(|&o| self.is_cheap(o)),
+                    // A reshape that is not a bit relabeling divides indices instead.
                     Op::Reshape(src) => {
                         let s = crate::ir::shape_of(self.func.value_type(*src)).to_vec();
                         let d = crate::ir::shape_of(self.func.value_type(v)).to_vec();
                         layout::reshape_weights(&s, &d).is_some() && self.is_cheap(*src)
+                    }
+                    _ if crate::ir::is_pure_value_op(op) => {
+                        Function::operands(op).iter().all(|&o| self.is_cheap(o))
                     }
                     Op::Load { tensor, .. } => {
                         let n: u64 = crate::ir::shape_of(self.func.value_type(v))

@@ -765,23 +765,7 @@ impl<'a> Lowerer<'a> {
                 }
                 continue;
             }
-            let hoistable = matches!(
-                inst.op,
-                Op::Const(_)
-                    | Op::Splat(_)
-                    | Op::Arange { .. }
-                    | Op::Unary(..)
-                    | Op::Binary(..)
-                    | Op::Compare(..)
-                    | Op::Select(..)
-                    | Op::Fma(..)
-                    | Op::Cast(_)
-                    | Op::Broadcast(_)
-                    | Op::ExpandDims(..)
-                    | Op::Reshape(_)
-                    | Op::Permute(..)
-            );
-            if hoistable
+            if crate::ir::is_pure_value_op(&inst.op)
                 && Function::operands(&inst.op)
                     .iter()
                     .all(|&o| available(o, &pure))
