@@ -37,6 +37,10 @@ pub(crate) struct DeviceInner {
     /// Why the interpreter was chosen, when `Device::best` fell back to it.
     pub(crate) fallback_reason: Option<String>,
     pub(crate) uploads: Mutex<Option<crate::upload::PinnedRing>>,
+    /// The capture state of every stream that began a graph capture (dead or ended ones
+    /// are pruned at the next capture): [`Device::synchronize`] must not run while one
+    /// of them captures.
+    pub(crate) captures: Mutex<Vec<std::sync::Weak<crate::graph::CaptureState>>>,
 }
 
 /// A CUDA GPU or the interpreter.
@@ -68,6 +72,7 @@ impl Device {
                 kernels,
                 fallback_reason,
                 uploads: Mutex::new(None),
+                captures: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -177,12 +182,29 @@ impl Device {
         })
     }
 
-    /// Waits until all work on the device's default stream is done.
+    /// Waits until all work queued on the device is done, on every stream (the default
+    /// one, [`Device::new_stream`]'s, and cudarc streams of the same context), as
+    /// `torch.cuda.synchronize()` does; [`Stream::synchronize`] waits for one stream.
+    /// An error while a stream of this device captures a graph (a synchronization there
+    /// would break the capture).
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
-        match self.gpu() {
-            Some(g) => g.stream.synchronize().op("cuStreamSynchronize"),
-            None => Ok(()),
+        let Some(g) = self.gpu() else {
+            return Ok(());
+        };
+        let capturing = self
+            .inner
+            .captures
+            .lock()
+            .map(|c| c.iter().any(|w| w.upgrade().is_some_and(|s| s.active())))
+            .unwrap_or(false);
+        if capturing {
+            return Err(RuntimeError::Graph(
+                "Device::synchronize is not allowed while a stream of the device is capturing \
+                 a graph (end the capture first)"
+                    .into(),
+            ));
         }
+        g.ctx.synchronize().op("cuCtxSynchronize")
     }
 
     /// A contiguous tensor whose contents are unspecified (fresh device memory).

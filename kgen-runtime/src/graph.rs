@@ -12,7 +12,8 @@
 //! the ops' autotuning times launches and synchronizes, so inside a capture the ops use
 //! the choice made earlier, or their first candidate).
 //! Guarantees: no host synchronization and no staged upload can end up inside a graph:
-//! `Stream::synchronize`, `Device::launch_timed` and `Stream::upload_async` return
+//! `Stream::synchronize`, `Device::synchronize` (while any stream of the device
+//! captures), `Device::launch_timed` and `Stream::upload_async` return
 //! [`RuntimeError::Graph`] on a capturing stream instead of recording something the
 //! replay would get wrong. The graph keeps the memory of every tensor a captured launch
 //! received, and the device with its loaded kernels, alive for as long as it exists, and
@@ -133,6 +134,11 @@ impl Stream {
         }
         if let Ok(mut k) = self.capture.kept.lock() {
             *k = (Vec::new(), 0);
+        }
+        if let Ok(mut c) = self.device.inner.captures.lock() {
+            let me = Arc::downgrade(&self.capture);
+            c.retain(|w| !w.ptr_eq(&me) && w.upgrade().is_some_and(|s| s.active()));
+            c.push(me);
         }
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         if let Err(e) = s.begin_capture(mode).op("cuStreamBeginCapture") {

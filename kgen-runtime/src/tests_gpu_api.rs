@@ -193,6 +193,50 @@ fn gpu_upload_async_does_not_wait_for_queued_kernels() {
     assert_eq!(p.to_vec::<f32>().unwrap(), vec![15.0f32; 16]);
 }
 
+/// `Device::synchronize` waits for every stream of the device, not only its default
+/// one: work queued on a new (non-blocking) stream and on a second one is complete when
+/// it returns, and the result is the one expected (out = x + y, read after it).
+#[test]
+fn gpu_device_synchronize_waits_for_every_stream() {
+    let Some(d) = gpu_or_skip("gpu_device_synchronize_waits_for_every_stream") else {
+        return;
+    };
+    let n = 32 << 20;
+    let (t, k) = axpy_setup(&d, n, true);
+    let grid = grid_1d(n, 256).unwrap();
+    let (s1, s2) = (d.new_stream().unwrap(), d.new_stream().unwrap());
+    s1.wait_for(&d.stream()).unwrap();
+    s2.wait_for(&d.stream()).unwrap();
+    // ~20 bandwidth-bound kernels on each stream (tens of ms), then an event on each.
+    for s in [&s1, &s2] {
+        for _ in 0..20 {
+            d.launch(s, &k, grid, &axpy_args(&t)).unwrap();
+        }
+    }
+    let events: Vec<_> = [&s1, &s2]
+        .iter()
+        .map(|s| s.cudarc().unwrap().record_event(None).unwrap())
+        .collect();
+    assert!(
+        !events.iter().all(|e| e.is_complete()),
+        "the queued work ended before the check (make it longer)"
+    );
+    d.synchronize().unwrap();
+    assert!(
+        events.iter().all(|e| e.is_complete()),
+        "Device::synchronize returned early"
+    );
+    let (x, y, out) = (
+        t[0].to_f64_vec().unwrap(),
+        t[1].to_f64_vec().unwrap(),
+        t[2].to_f64_vec().unwrap(),
+    );
+    for i in (0..n).step_by(4099) {
+        let want = (x[i] as f32 + y[i] as f32) as f64;
+        assert_eq!(out[i], want, "{i}");
+    }
+}
+
 /// x, y (random, or zeros for large fillers) and an empty out, f32 of `n` elements, with
 /// the axpy kernel specialized for them: the launch-cost measurements' kernel.
 fn axpy_setup(d: &Device, n: usize, random: bool) -> ([Tensor; 3], Arc<Kernel>) {
@@ -942,6 +986,7 @@ fn gpu_graph_capture_replays_launches_and_keeps_their_tensors() {
     d.launch(&s, &k, grid, &second).unwrap();
     for e in [
         s.synchronize().unwrap_err(),
+        d.synchronize().unwrap_err(),
         d.launch_timed(&s, &k, grid, &axpy_args(&t)).unwrap_err(),
         s.upload_f32_async(&t[0], &vec![0.0; n]).unwrap_err(),
     ] {

@@ -564,6 +564,9 @@ pub struct LaunchCost {
     pub bare_us: Option<f64>,
     /// `Ops::relu_into` (shape checks, kernel-map lookup, `Device::launch`): host µs.
     pub op_us: f64,
+    /// `Ops::rmsnorm_backward_into` of 4 × 64 bf16 rows, an op of two launches (the
+    /// tuned row kernel and dw's column sum): host µs per call.
+    pub two_launch_op_us: f64,
     /// The same launches recorded into a CUDA graph ([`kgen_runtime::Graph`]) and
     /// replayed: host µs per `Graph::launch` (one `cuGraphLaunch` of `launches` kernels)
     /// and per kernel in it. None on the interpreter.
@@ -589,6 +592,17 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
     )?;
     let args = [Arg::from(&x), Arg::from(&y)];
     let grid = grid_x(1)?;
+    // The two-launch op's tensors: x, w, dy random; rstd positive; dx, dw outputs.
+    let (rows, cols) = (4, 64);
+    let nx = filled(dev, DType::BF16, &[rows, cols], normal(1.0), 12)?;
+    let nw = filled(dev, DType::BF16, &[cols], normal(1.0), 13)?;
+    let ndy = filled(dev, DType::BF16, &[rows, cols], normal(1.0), 14)?;
+    let nrstd = dev.from_f64(DType::F32, &[rows], &[0.9, 1.1, 1.0, 0.8])?;
+    let (ndx, ndw) = (
+        dev.empty(DType::BF16, &[rows, cols])?,
+        dev.empty(DType::BF16, &[cols])?,
+    );
+    let norm_bwd = || ops.rmsnorm_backward_into(&nx, &nw, &nrstd, &ndy, &ndx, &ndw);
     // The GPU-side filler (GPU only: the interpreter runs launches synchronously).
     let big = if dev.is_gpu() { 64 << 20 } else { 0 };
     let bx = dev.zeros(DType::F32, &[big.max(1)])?;
@@ -627,6 +641,7 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
     for _ in 0..10 {
         ops.launch(&k, grid, &args)?;
         ops.relu_into(&x, &y)?;
+        norm_bwd()?;
     }
     // The graph: `launches` launches of the kernel, captured on a stream of their own.
     let graph = if dev.is_gpu() {
@@ -640,8 +655,8 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
         None
     };
     const GRAPH_CALLS: usize = 10;
-    let (mut ours, mut bare, mut op, mut graph_us) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut ours, mut bare, mut op, mut two, mut graph_us) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
         ours.push(round(&mut || ops.launch(&k, grid, &args))?);
         if let Some(p) = packed.as_mut() {
@@ -650,6 +665,7 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
             bare.push(round(&mut || Ok(unsafe { p.launch() }?))?);
         }
         op.push(round(&mut || ops.relu_into(&x, &y))?);
+        two.push(round(&mut || norm_bwd())?);
         if let Some(g) = &graph {
             dev.synchronize()?;
             busy()?;
@@ -671,6 +687,7 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
         launch_us: median(ours),
         bare_us: (!bare.is_empty()).then(|| median(bare)),
         op_us: median(op),
+        two_launch_op_us: median(two),
         graph: (!graph_us.is_empty()).then(|| {
             let per_graph = median(graph_us);
             (per_graph, per_graph / launches.max(1) as f64)

@@ -552,7 +552,7 @@ fn launch_cost_runs_on_the_interpreter() {
     let ops = Ops::new(&dev);
     let c = super::measure::launch_cost(&ops, 5, 3).unwrap();
     assert_eq!((c.launches, c.rounds), (5, 3));
-    assert!(c.launch_us > 0.0 && c.op_us > 0.0);
+    assert!(c.launch_us > 0.0 && c.op_us > 0.0 && c.two_launch_op_us > 0.0);
     assert_eq!(c.bare_us, None);
 }
 
