@@ -22,7 +22,7 @@
 //! Also home of the small helpers the other op files of this group share
 //! ([`rows_cols`], [`max_rel_err`]).
 
-use super::plan::PlanKey;
+use super::plan::{launches_of, Launch, Pass, PlanKey};
 use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
 use kgen_core::types::DType;
 use kgen_runtime::{grid_1d, grid_x, Arg, Device, Tensor};
@@ -493,14 +493,17 @@ impl Ops {
         let cfgs = self.bwd_configs(rows, cols);
         let g_max = cfgs.iter().map(|c| c.g).max().unwrap_or(1);
         let (workspace, partial_all) = self.take_workspace(&[g_max, cols])?;
-        let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
-        let key = format!("T={t},rows={rows},cols={cols}");
         let tuned_op = if dres.is_some() {
             "rmsnorm_bwd_residual"
         } else {
             "rmsnorm_bwd"
         };
-        self.launch_tuned(tuned_op, &key, &labels, |i, pass| {
+        // What the kernels depend on: the tensors (dres2 is x when absent: the op names
+        // the form); the workspace is a fresh allocation's start, always 16-byte aligned.
+        let plan_key = PlanKey::new(tuned_op).tensors(&[x, w, rstd, dy, dx, dw, &dres2]);
+        // Candidate i's G partial rows of dw (the launches write exactly those).
+        let partial = |i: usize| partial_all.narrow(0, 0, cfgs[i].g);
+        let resolve = |i: usize| -> Result<Vec<Launch>, OpError> {
             let BwdConfig {
                 block,
                 g,
@@ -513,8 +516,8 @@ impl Ops {
                 one_tile(cols, block),
                 ("RESIDUAL", dres.is_some().to_string()),
             ];
-            let part = partial_all.narrow(0, 0, g)?;
-            let k = self.kernel_bounded(
+            let part = partial(i)?;
+            let main = self.kernel_bounded(
                 "rmsnorm_bwd",
                 "rmsnorm_bwd",
                 &defs,
@@ -530,20 +533,10 @@ impl Ops {
                     ("dres", &dres2),
                 ],
             )?;
-            let args = [
-                Arg::from(&x2),
-                Arg::from(w),
-                Arg::from(&dy2),
-                Arg::from(rstd),
-                Arg::from(&dx2),
-                Arg::from(&part),
-                Arg::from(&dres2),
-            ];
-            let main = self.launch_maybe_timed(&k, grid_x(g)?, &args, pass)?;
-            // dw = the column sum of exactly the G partial rows this launch wrote
+            // dw = the column sum of exactly the G partial rows the main launch wrote
             // (timed together: a larger G costs the column sum more).
             let (cb, cr) = colsum_tile(cols, self.sm_count(), 16);
-            let k = self.kernel(
+            let colsum = self.kernel(
                 "rmsnorm_bwd",
                 "rmsnorm_bwd_dw",
                 &[
@@ -554,9 +547,31 @@ impl Ops {
                 None,
                 &[("dw_partial", &part), ("dw", dw)],
             )?;
+            Ok(vec![(main, grid_x(g)?), (colsum, grid_1d(cols, cb)?)])
+        };
+        let run = |i: usize, launches: &[Launch], pass: Pass| -> Result<f32, OpError> {
+            let part = partial(i)?;
+            let [(main, main_grid), (colsum, colsum_grid)] = launches_of::<2>(op, launches)?;
+            let args = [
+                Arg::from(&x2),
+                Arg::from(w),
+                Arg::from(&dy2),
+                Arg::from(rstd),
+                Arg::from(&dx2),
+                Arg::from(&part),
+                Arg::from(&dres2),
+            ];
+            let ms = self.launch_maybe_timed(main, *main_grid, &args, pass)?;
             let args = [Arg::from(&part), Arg::from(dw)];
-            Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, pass)?)
-        })?;
+            Ok(ms + self.launch_maybe_timed(colsum, *colsum_grid, &args, pass)?)
+        };
+        self.launch_tuned_planned(
+            plan_key,
+            || format!("T={t},rows={rows},cols={cols}"),
+            || cfgs.iter().map(BwdConfig::label).collect(),
+            resolve,
+            run,
+        )?;
         self.give_back_workspace(workspace);
         Ok(())
     }
@@ -726,9 +741,13 @@ impl Ops {
         let g_max = cfgs.iter().map(|c| c.g).max().unwrap_or(1);
         let (workspace, parts) = self.take_workspace(&[2, g_max, cols])?;
         let (pw_all, pb_all) = (parts.select(0, 0)?, parts.select(0, 1)?);
-        let labels: Vec<String> = cfgs.iter().map(BwdConfig::label).collect();
-        let key = format!("T={t},rows={rows},cols={cols}");
-        self.launch_tuned("layernorm_bwd", &key, &labels, |i, pass| {
+        let plan_key = PlanKey::new("layernorm_bwd").tensors(&[x, w, mean, rstd, dy, dx, dw, db]);
+        // Candidate i's G partial rows of dw and db (the launches write exactly those).
+        let partials = |i: usize| -> Result<(Tensor, Tensor), OpError> {
+            let g = cfgs[i].g;
+            Ok((pw_all.narrow(0, 0, g)?, pb_all.narrow(0, 0, g)?))
+        };
+        let resolve = |i: usize| -> Result<Vec<Launch>, OpError> {
             let BwdConfig {
                 block,
                 g,
@@ -738,8 +757,8 @@ impl Ops {
             // The general kernel: its one-tile-only form (`ONE_TILE`, which `rmsnorm_bwd`
             // takes) spills 4 bytes at the 64-register bound of min_blocks = 2 (ptxas 13.0).
             let defs = [("T", t.to_string()), ("BLOCK", block.to_string())];
-            let (pw, pb) = (pw_all.narrow(0, 0, g)?, pb_all.narrow(0, 0, g)?);
-            let k = self.kernel_bounded(
+            let (pw, pb) = partials(i)?;
+            let main = self.kernel_bounded(
                 "layernorm_bwd",
                 "layernorm_bwd",
                 &defs,
@@ -756,20 +775,9 @@ impl Ops {
                     ("db_partial", &pb),
                 ],
             )?;
-            let args = [
-                Arg::from(&x2),
-                Arg::from(w),
-                Arg::from(&dy2),
-                Arg::from(mean),
-                Arg::from(rstd),
-                Arg::from(&dx2),
-                Arg::from(&pw),
-                Arg::from(&pb),
-            ];
-            let main = self.launch_maybe_timed(&k, grid_x(g)?, &args, pass)?;
-            // dw, db = column sums of exactly the G partial rows this launch wrote.
+            // dw, db = column sums of exactly the G partial rows the main launch wrote.
             let (cb, cr) = colsum_tile(cols, self.sm_count(), 8);
-            let k = self.kernel(
+            let colsums = self.kernel(
                 "layernorm_bwd",
                 "layernorm_bwd_dwdb",
                 &[
@@ -785,9 +793,32 @@ impl Ops {
                     ("db", db),
                 ],
             )?;
+            Ok(vec![(main, grid_x(g)?), (colsums, grid_1d(cols, cb)?)])
+        };
+        let run = |i: usize, launches: &[Launch], pass: Pass| -> Result<f32, OpError> {
+            let (pw, pb) = partials(i)?;
+            let [(main, main_grid), (colsums, colsums_grid)] = launches_of::<2>(OP, launches)?;
+            let args = [
+                Arg::from(&x2),
+                Arg::from(w),
+                Arg::from(&dy2),
+                Arg::from(mean),
+                Arg::from(rstd),
+                Arg::from(&dx2),
+                Arg::from(&pw),
+                Arg::from(&pb),
+            ];
+            let ms = self.launch_maybe_timed(main, *main_grid, &args, pass)?;
             let args = [Arg::from(&pw), Arg::from(&pb), Arg::from(dw), Arg::from(db)];
-            Ok(main + self.launch_maybe_timed(&k, grid_1d(cols, cb)?, &args, pass)?)
-        })?;
+            Ok(ms + self.launch_maybe_timed(colsums, *colsums_grid, &args, pass)?)
+        };
+        self.launch_tuned_planned(
+            plan_key,
+            || format!("T={t},rows={rows},cols={cols}"),
+            || cfgs.iter().map(BwdConfig::label).collect(),
+            resolve,
+            run,
+        )?;
         self.give_back_workspace(workspace);
         Ok(())
     }

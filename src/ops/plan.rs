@@ -1,14 +1,16 @@
 //! Choosing an op's launch configuration (the autotuner) and remembering the choice per
 //! call signature, so that a warm op call is: shape checks, one map lookup, the launch.
 //!
-//! Assumes: a single-launch op's kernel and grid depend only on what its [`PlanKey`]
-//! holds (the op, every tensor's dtype, shape, strides and alignment, and the extra
-//! words the op adds for scalars that select a kernel), and its arguments are the same
-//! for every candidate configuration.
-//! Guarantees: [`Ops::launch_planned`] launches exactly what the slow path (candidate
-//! labels, the tuner, the kernel map) would choose for the same key; a choice made while
-//! the stream captures a graph without a recorded tuner answer (candidate 0, untimed) is
-//! not remembered, so the first call outside the capture still tunes.
+//! Assumes: an op's kernels and grids depend only on what its [`PlanKey`] holds (the op,
+//! every tensor's dtype, shape, strides and alignment, and the extra words the op adds
+//! for scalars that select a kernel); for a single-launch op, its arguments are the same
+//! for every candidate configuration (a multi-launch op builds its arguments per call,
+//! from the candidate's index).
+//! Guarantees: [`Ops::launch_planned`] and [`Ops::launch_tuned_planned`] launch exactly
+//! what the slow path (candidate labels, the tuner, the kernel map) would choose for the
+//! same key; a choice made while the stream captures a graph without a recorded tuner
+//! answer (candidate 0, untimed) is not remembered, so the first call outside the
+//! capture still tunes.
 
 use super::{OpError, Ops};
 use kgen_runtime::{tensor_alignment, Arg, Kernel, RuntimeError, Tensor};
@@ -64,11 +66,28 @@ pub(crate) enum Pass {
     Timed,
 }
 
-/// A remembered launch: the kernel and its grid.
+/// One launch of a candidate: the kernel and its grid.
+pub(crate) type Launch = (Arc<Kernel>, [u32; 3]);
+
+/// `launches` as the `N` launches an op's `run` expects (its own `resolve` made them, so
+/// another count is an internal error, reported, not a panic).
+pub(crate) fn launches_of<'a, const N: usize>(
+    op: &str,
+    launches: &'a [Launch],
+) -> Result<&'a [Launch; N], OpError> {
+    launches.try_into().map_err(|_| {
+        OpError::Runtime(RuntimeError::LaunchConfig(format!(
+            "{op}: a plan of {N} launches expected, got {}",
+            launches.len()
+        )))
+    })
+}
+
+/// A remembered choice: the candidate's index and its launches, in order.
 #[derive(Clone)]
 pub(crate) struct Plan {
-    kernel: Arc<Kernel>,
-    grid: [u32; 3],
+    choice: usize,
+    launches: Vec<Launch>,
 }
 
 pub(super) fn as_runtime(e: OpError) -> RuntimeError {
@@ -174,26 +193,54 @@ impl Ops {
         args: &[Arg],
         shape_key: impl FnOnce() -> String,
         labels: impl FnOnce() -> Vec<String>,
-        resolve: impl Fn(usize) -> Result<(Arc<Kernel>, [u32; 3]), OpError> + Sync,
+        resolve: impl Fn(usize) -> Result<Launch, OpError> + Sync,
     ) -> Result<(), OpError> {
+        self.launch_tuned_planned(
+            key,
+            shape_key,
+            labels,
+            |i| Ok(vec![resolve(i)?]),
+            |_, launches, pass| {
+                let (k, grid) = &launches[0];
+                self.launch_maybe_timed(k, *grid, args, pass)
+            },
+        )
+        .map(|_| ())
+    }
+
+    /// An op of one or more launches: the plan remembered for `key`, else `labels()`
+    /// candidates (their shape key `shape_key()` for the tuner), `resolve(i)` giving
+    /// candidate `i`'s kernels and grids in launch order (making them: the parallel
+    /// build before tuning calls it too), chosen as [`Ops::choose`] does and remembered.
+    /// `run(i, launches, pass)` launches them with candidate `i`'s arguments as `pass`
+    /// says (timed: returning ms). A warm call is the key's lookup and `run`: no labels,
+    /// shape key or kernel-map lookups. Returns the index launched.
+    pub(crate) fn launch_tuned_planned(
+        &self,
+        key: PlanKey,
+        shape_key: impl FnOnce() -> String,
+        labels: impl FnOnce() -> Vec<String>,
+        resolve: impl Fn(usize) -> Result<Vec<Launch>, OpError> + Sync,
+        run: impl Fn(usize, &[Launch], Pass) -> Result<f32, OpError>,
+    ) -> Result<usize, OpError> {
         let known = self.plans.lock().ok().and_then(|m| m.get(&key).cloned());
         if let Some(p) = known {
-            return self.launch(&p.kernel, p.grid, args);
+            run(p.choice, &p.launches, Pass::Launch)?;
+            return Ok(p.choice);
         }
         let (labels, shape_key) = (labels(), shape_key());
         let build = |i: usize| resolve(i).map(|_| ());
-        let (i, settled) = self.choose(key.op, &shape_key, &labels, &build, |i| {
-            let (k, grid) = resolve(i)?;
-            Ok(self.device().launch_timed(self.stream(), &k, grid, args)?)
+        let (choice, settled) = self.choose(key.op, &shape_key, &labels, &build, |i| {
+            run(i, &resolve(i)?, Pass::Timed)
         });
-        let (kernel, grid) = resolve(i)?;
-        self.launch(&kernel, grid, args)?;
+        let launches = resolve(choice)?;
+        run(choice, &launches, Pass::Launch)?;
         if settled {
             if let Ok(mut m) = self.plans.lock() {
-                m.insert(key, Plan { kernel, grid });
+                m.insert(key, Plan { choice, launches });
             }
         }
-        Ok(())
+        Ok(choice)
     }
 
     /// Launches `k` as `pass` says: timed (ms, synchronizing), untimed (0.0), or not at
@@ -312,6 +359,101 @@ mod tests {
         // And back: the first plan still serves the first signature.
         check(&x, &xs);
         assert_eq!(ops.plan_count(), 4);
+    }
+
+    /// Ops of two launches remember their plan too: a warm call (the plan's launches,
+    /// no kernel-map lookups) gives bit for bit what the first call (the slow path)
+    /// gave, into poisoned outputs; the residual form, LayerNorm and another shape each
+    /// get a plan of their own.
+    #[test]
+    fn two_launch_ops_reuse_their_plan_with_the_same_results() {
+        let d = Device::interpreter();
+        let ops = Ops::new(&d);
+        let vals = |n: usize, seed: f64| -> Vec<f64> {
+            (0..n)
+                .map(|i| ((i as f64 + seed) * 0.731).sin() + 0.1)
+                .collect()
+        };
+        let (rows, cols) = (5, 40);
+        let t = |shape: &[usize], seed: f64| {
+            d.from_f64(DType::BF16, shape, &vals(shape.iter().product(), seed))
+                .unwrap()
+        };
+        let (x, w, dy, dres) = (
+            t(&[rows, cols], 1.0),
+            t(&[cols], 2.0),
+            t(&[rows, cols], 3.0),
+            t(&[rows, cols], 4.0),
+        );
+        let stat = |seed: f64| {
+            let v: Vec<f64> = vals(rows, seed).iter().map(|v| v.abs() + 0.5).collect();
+            d.from_f64(DType::F32, &[rows], &v).unwrap()
+        };
+        let (mean, rstd) = (stat(5.0), stat(6.0));
+        let poisoned = |shape: &[usize]| {
+            d.from_f64(DType::BF16, shape, &vec![f64::NAN; shape.iter().product()])
+                .unwrap()
+        };
+        let read = |ts: &[&Tensor]| -> Vec<Vec<u64>> {
+            ts.iter()
+                .map(|t| {
+                    t.to_f64_vec()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect()
+        };
+        let rms = || {
+            let (dx, dw) = (poisoned(&[rows, cols]), poisoned(&[cols]));
+            ops.rmsnorm_backward_into(&x, &w, &rstd, &dy, &dx, &dw)
+                .unwrap();
+            read(&[&dx, &dw])
+        };
+        let add_rms = || {
+            let (dh, dw) = (poisoned(&[rows, cols]), poisoned(&[cols]));
+            ops.add_rmsnorm_backward_into(&x, &w, &rstd, &dy, &dres, &dh, &dw)
+                .unwrap();
+            read(&[&dh, &dw])
+        };
+        let ln = || {
+            let (dx, dw, db) = (
+                poisoned(&[rows, cols]),
+                poisoned(&[cols]),
+                poisoned(&[cols]),
+            );
+            ops.layernorm_backward_into(&x, &w, &mean, &rstd, &dy, &dx, &dw, &db)
+                .unwrap();
+            read(&[&dx, &dw, &db])
+        };
+        let first = rms();
+        assert!(first
+            .iter()
+            .flatten()
+            .all(|b| f64::from_bits(*b).is_finite()));
+        assert_eq!(ops.plan_count(), 1);
+        assert_eq!(rms(), first, "the warm call differs from the first");
+        assert_eq!(ops.plan_count(), 1, "the same signature reuses its plan");
+        let first_add = add_rms();
+        assert_ne!(first_add, first, "the residual form is another op");
+        assert_eq!(add_rms(), first_add);
+        assert_eq!(ops.plan_count(), 2);
+        let first_ln = ln();
+        assert_eq!(ln(), first_ln);
+        assert_eq!(ops.plan_count(), 3);
+        // Fewer rows: a plan of its own (its grid and partial rows differ).
+        let x4 = x.narrow(0, 0, 4).unwrap();
+        let (dy4, rstd4) = (dy.narrow(0, 0, 4).unwrap(), rstd.narrow(0, 0, 4).unwrap());
+        let (dx4, dw4) = (poisoned(&[4, cols]), poisoned(&[cols]));
+        ops.rmsnorm_backward_into(&x4, &w, &rstd4, &dy4, &dx4, &dw4)
+            .unwrap();
+        assert_eq!(ops.plan_count(), 4);
+        assert_eq!(
+            rms(),
+            first,
+            "the first plan still serves the first signature"
+        );
     }
 
     #[test]
