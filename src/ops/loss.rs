@@ -155,6 +155,11 @@ const CE_CLUSTER_SCRATCH_BYTES: usize = 64 * 1024;
 /// two-pass kernel; at 50257 / 50304 it measured 839-1651 / 579-1119 us. Since the
 /// per-vector logsumexp (sixth session): 752-785 us at 128256 against 1034-1092. The tuner
 /// decides per shape; `kgen bench` keeps such numbers in docs/PERFORMANCE.md.
+///
+/// The default, candidate 0 (what runs untuned: `KGEN_AUTOTUNE=0`, the interpreter, the
+/// in-place form before any tuning of its shape, a graph captured before any tuning), is
+/// moved to the front by [`ce_default`]: a kernel that reads each row from memory once
+/// where there is one. (It was the two-pass kernel, 1.3-1.9x the tuned time on an H100.)
 fn ce_configs(
     rows: usize,
     vocab: usize,
@@ -238,7 +243,41 @@ fn ce_configs(
             });
         }
     }
+    if let Some(i) = ce_default(&out, vocab) {
+        let c = out.remove(i);
+        out.insert(0, c);
+    }
     out
+}
+
+/// The index of the default cross-entropy candidate in `configs`: a one-block kernel
+/// that keeps the whole row in its scratch buffer, 4096-wide at 8 warps and DEPTH 4 (or
+/// no fetches) where there is one (else the first such); else a cluster kernel, 1024-wide at 4 warps in
+/// clusters of 8 where there is one (each block keeps most of its share); else the
+/// first one-block kernel caching part of the row; else None (the two-pass kernel
+/// stays first). On an H100, bf16 (tuner medians of one run, against the two-pass
+/// kernel's 1068.7 / 652.1 / 1025.0 us): 8192 x 50257 (window kernel) 556.7 us, 8192 x
+/// 50304 (cached) 529.7, 4096 x 128256 (clusters of 8) 785.2.
+fn ce_default(configs: &[CeConfig], vocab: usize) -> Option<usize> {
+    let whole_row = |c: &CeConfig| {
+        c.cluster == 1 && c.slots > 0 && c.slots * c.block >= vocab + if c.window { 14 } else { 0 }
+    };
+    let first = |pred: &dyn Fn(&CeConfig) -> bool, best: &dyn Fn(&CeConfig) -> bool| {
+        configs
+            .iter()
+            .position(|c| pred(c) && best(c))
+            .or_else(|| configs.iter().position(pred))
+    };
+    // (DEPTH 0: rows cp.async cannot copy, read by a register prefetch.)
+    first(&whole_row, &|c| {
+        (c.block, c.warps) == (4096, 8) && matches!(c.depth, 0 | 4)
+    })
+    .or_else(|| {
+        first(&|c| c.cluster > 1, &|c| {
+            (c.block, c.warps, c.cluster, c.depth) == (1024, 4, 8, 4)
+        })
+    })
+    .or_else(|| configs.iter().position(|c| c.cluster == 1 && c.slots > 0))
 }
 
 /// One cross-entropy row-kernel launch: tile, warps, grid (blocks along x), cluster
@@ -973,10 +1012,35 @@ mod tests {
             CeConfig::two_pass(32, 1, 3)
         );
         assert_eq!(ce_configs(3, 1000, 2, true, true, false)[0].block, 1024);
+        // The defaults: a kernel reading each row once (whole row cached in one block
+        // where it fits, else a cluster, else part of the row cached).
+        let first = |rows, v, clusters, async_rows, window| {
+            ce_configs(rows, v, 2, clusters, async_rows, window)[0]
+        };
+        let c = first(8192, 50304, true, true, false);
         assert_eq!(
-            ce_configs(8192, 50257, 2, true, true, false)[0],
-            CeConfig::two_pass(4096, 16, 8192)
+            (c.block, c.warps, c.depth, c.cluster, c.window),
+            (4096, 8, 4, 1, false)
         );
+        assert!(c.slots * c.block >= 50304);
+        let c = first(8192, 50257, true, false, true);
+        assert_eq!((c.block, c.warps, c.depth, c.window), (4096, 8, 4, true));
+        let c = first(8192, 50257, true, false, false);
+        assert_eq!(
+            (c.block, c.warps, c.depth, c.slots),
+            (4096, 8, 0, 13),
+            "{c:?}"
+        );
+        let c = first(4096, 128256, true, true, false);
+        assert_eq!((c.block, c.warps, c.cluster, c.depth), (1024, 4, 8, 4));
+        let c = first(4096, 128256, false, true, false);
+        assert!(
+            c.cluster == 1 && c.slots > 0 && c.slots * c.block < 128256,
+            "{c:?}"
+        );
+        // Every list still holds the two-pass kernel.
+        assert!(ce_configs(8192, 50257, 2, true, true, false)
+            .contains(&CeConfig::two_pass(4096, 16, 8192)));
         // 2-byte rows (register prefetch): one candidate per (BLOCK, warps), no DEPTH.
         let odd = ce_configs(8192, 50257, 2, true, false, false);
         assert!(odd.iter().all(|c| !c.window));
