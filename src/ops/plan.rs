@@ -196,13 +196,14 @@ impl Ops {
         labels: impl FnOnce() -> Vec<String>,
         resolve: impl Fn(usize) -> Result<Launch, OpError> + Sync,
     ) -> Result<(), OpError> {
+        let key_op = key.op;
         self.launch_tuned_planned(
             key,
             shape_key,
             labels,
             |i| Ok(vec![resolve(i)?]),
             |_, launches, pass| {
-                let (k, grid) = &launches[0];
+                let [(k, grid)] = launches_of::<1>(key_op, launches)?;
                 self.launch_maybe_timed(k, *grid, args, pass)
             },
         )
