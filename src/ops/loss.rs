@@ -252,10 +252,10 @@ fn ce_configs(
 
 /// The index of the default cross-entropy candidate in `configs`: a one-block kernel
 /// that keeps the whole row in its scratch buffer, 4096-wide at 8 warps and DEPTH 4 (or
-/// no fetches) where there is one (else the first such); else a cluster kernel, 1024-wide at 4 warps in
-/// clusters of 8 where there is one (each block keeps most of its share); else the
-/// first one-block kernel caching part of the row; else None (the two-pass kernel
-/// stays first). On an H100, bf16 (tuner medians of one run, against the two-pass
+/// no fetches) where there is one (else the first such); else a cluster kernel,
+/// 1024-wide at 4 warps in clusters of 8 where there is one (each block keeps most of
+/// its share); else the first one-block kernel caching part of the row; else None (the
+/// two-pass kernel stays first). On an H100, bf16 (tuner medians of one run, against the two-pass
 /// kernel's 1068.7 / 652.1 / 1025.0 us): 8192 x 50257 (window kernel) 556.7 us, 8192 x
 /// 50304 (cached) 529.7, 4096 x 128256 (clusters of 8) 785.2.
 fn ce_default(configs: &[CeConfig], vocab: usize) -> Option<usize> {
