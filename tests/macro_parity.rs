@@ -27,7 +27,7 @@ fn softmax<T: Float = f32, const BLOCK: i32 = 1024, const ONE_TILE: bool = false
         let xt = load(x, [row, 0], [1, BLOCK], pad = -inf).reshape([BLOCK]) as f32;
         let mx = max(xt, 0);
         let e = exp(xt - mx);
-        let inv = 1.0 / sum(e, 0);
+        let inv = fdiv(1.0, sum(e, 0));
         store(y, [row, 0], (e * inv).reshape([1, BLOCK]) as T);
     } else {
         let mut m: f32 = -f32::INFINITY;
@@ -38,7 +38,7 @@ fn softmax<T: Float = f32, const BLOCK: i32 = 1024, const ONE_TILE: bool = false
             s = s * exp(m - m_new) + sum(exp(xt - m_new), 0);
             m = m_new;
         }
-        let inv = 1.0 / s;
+        let inv = fdiv(1.0, s);
         for k in 0..ntiles {
             let xt = load(x, [row, k], [1, BLOCK], pad = -inf).reshape([BLOCK]) as f32;
             store(y, [row, k], (exp(xt - m) * inv).reshape([1, BLOCK]) as T);

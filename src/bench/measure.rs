@@ -741,11 +741,12 @@ fn jit_breakdown(ordinal: usize) -> Result<JitBreakdown, OpError> {
         crate::bundled::source("rmsnorm").unwrap_or_default(),
     );
     let dev = Device::cuda_with_disk_cache(ordinal, None)?;
-    let opts = kgen_core::CompileOptions::new(dev.arch())
+    let mut opts = kgen_core::CompileOptions::new(dev.arch())
         .kernel("rmsnorm")
         .define("T", "bf16")
         .define("BLOCK", "4096")
         .define("ONE_TILE", "true");
+    opts.num_warps = Some(crate::ops::norm::default_fwd_warps(4096));
     let t = Instant::now();
     let compiled = kgen_core::compile(&file, &opts)
         .map_err(|d| OpError::Runtime(kgen_runtime::RuntimeError::Compile(d.render(&file))))?;
@@ -827,9 +828,9 @@ fn first_launch_tensors(dev: &Device) -> Result<FourTensors, OpError> {
     Ok((x, w, y, rstd))
 }
 
-/// The bundled `rmsnorm` (bf16, BLOCK 4096, ONE_TILE as `Ops::rmsnorm` compiles it for
-/// 4096 columns) on a 1024×4096 input: one kernel lookup through a fresh [`Ops`] and one
-/// launch.
+/// The bundled `rmsnorm` as `Ops::rmsnorm` compiles it untuned for 4096 columns (bf16,
+/// BLOCK 4096, ONE_TILE, its default warps) on a 1024×4096 input: one kernel lookup
+/// through a fresh [`Ops`] and one launch.
 fn rmsnorm_kernel_launch(
     ops: &Ops,
     x: &Tensor,
@@ -845,7 +846,7 @@ fn rmsnorm_kernel_launch(
             ("BLOCK", "4096".into()),
             ("ONE_TILE", "true".into()),
         ],
-        None,
+        Some(crate::ops::norm::default_fwd_warps(4096)),
         &[("x", x), ("w", w), ("y", y), ("rstd", rstd)],
     )?;
     ops.launch(
@@ -880,7 +881,10 @@ pub fn first_launches(dir: &Path, ordinal: usize) -> Result<FirstLaunches, OpErr
     dev.synchronize()?;
     let memory_hit_us = t.elapsed().as_secs_f64() * 1e6;
     Ok(FirstLaunches {
-        kernel: "rmsnorm<T=bf16, BLOCK=4096, ONE_TILE=true> on 1024x4096".into(),
+        kernel: format!(
+            "rmsnorm<T=bf16, BLOCK=4096, ONE_TILE=true>, {} warps, on 1024x4096",
+            crate::ops::norm::default_fwd_warps(4096)
+        ),
         cold,
         warm_disk,
         memory_hit_us,

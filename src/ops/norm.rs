@@ -84,6 +84,12 @@ pub(crate) fn default_warps(elems: usize) -> u32 {
     }
 }
 
+/// The forward kernels' default warps (what runs untuned) for a row tile of `block`
+/// elements: 16 elements per thread, up to 8 warps.
+pub(crate) fn default_fwd_warps(block: usize) -> u32 {
+    (block / 512).clamp(1, 8) as u32
+}
+
 /// Warp candidates of the forward kernels for a row tile of `block` elements: the
 /// default first, 16 elements per thread up to 8 warps, then half and a quarter of it.
 /// Measured on an H100 (bf16, 128 MiB in, `kgen run`, two rounds, µs; RMSNorm /
@@ -93,7 +99,7 @@ pub(crate) fn default_warps(elems: usize) -> u32 {
 /// 105.4 / 205. Fewer elements per thread than that only lose (more warps, the same
 /// bytes), so no larger count is a candidate.
 fn fwd_warp_candidates(block: usize) -> Vec<u32> {
-    let w = (block / 512).clamp(1, 8) as u32;
+    let w = default_fwd_warps(block);
     let mut v = vec![w];
     for c in [w / 2, w / 4] {
         if c >= 1 && !v.contains(&c) {

@@ -70,6 +70,7 @@ const BUILTINS: &[Builtin] = &[
     b("max", &["a", "b"], 2, &["axis"]),
     b("fma", &["a", "b", "c"], 3, &[]),
     b("pow", &["a", "b"], 2, &[]),
+    b("fdiv", &["a", "b"], 2, &[]),
     b("where", &["cond", "a", "b"], 3, &[]),
     b("cast", &["x", "dtype"], 2, &[]),
     b("reshape", &["x", "shape"], 2, &[]),
@@ -368,7 +369,7 @@ impl Checker<'_> {
             | "cos" | "floor" | "ceil" | "abs" => self.math(name, a, span),
             "min" | "max" => self.min_max(name, a, span),
             "where" => self.select(a, span),
-            "pow" | "fma" => self.float_op(name, a, span),
+            "pow" | "fma" | "fdiv" => self.float_op(name, a, span),
             "cast" => {
                 let Some(d) = self.expect_dtype(&a.p(1)) else {
                     return Ev::Poison;
@@ -829,7 +830,8 @@ impl Checker<'_> {
         self.emit1(Op::Select(cv, x, y), full, span)
     }
 
-    /// `pow(a, b)` and `fma(a, b, c)`: floats, broadcasting; integer constants are floats.
+    /// `pow(a, b)`, `fdiv(a, b)` and `fma(a, b, c)`: floats, broadcasting; integer constants
+    /// are floats.
     fn float_op(&mut self, name: &str, a: &Args, span: Span) -> Ev {
         let items: Vec<(Ev, Span)> = a
             .pos
@@ -858,6 +860,7 @@ impl Checker<'_> {
         }
         match (name, vals.as_slice()) {
             ("pow", [x, y]) => self.emit1(Op::Binary(BinaryOp::Pow, *x, *y), ty, span),
+            ("fdiv", [x, y]) => self.emit1(Op::Binary(BinaryOp::FDiv, *x, *y), ty, span),
             ("fma", [x, y, z]) => self.emit1(Op::Fma(*x, *y, *z), ty, span),
             _ => Ev::Poison,
         }

@@ -113,6 +113,7 @@ const FUNCS: &[&str] = &[
     "max",
     "fma",
     "pow",
+    "fdiv",
     "where",
     "cast",
     "reshape",

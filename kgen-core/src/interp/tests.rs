@@ -718,6 +718,17 @@ fn transcendentals_match_f64() {
         run_map2(&rem, DType::F32, DType::F32, 2, &[-7.5, 7.5], &[2.0, -2.0]),
         vec![-1.5, 1.5]
     );
+    // fdiv divides correctly rounded here (the GPU's div.full.f32 is within 2 ulp of it).
+    let fdiv = map2(DType::F32, DType::F32, 3, |k, b, x, y| {
+        k.bin(b, BinaryOp::FDiv, x, y)
+    });
+    let (xs, ys) = ([1.0, -7.1, 3.0e30], [3.0, 0.3, 7.0e-9]);
+    let want: Vec<f64> = xs
+        .iter()
+        .zip(&ys)
+        .map(|(&x, &y)| (x as f32 / y as f32) as f64)
+        .collect();
+    assert_eq!(run_map2(&fdiv, DType::F32, DType::F32, 3, &xs, &ys), want);
 }
 
 #[test]

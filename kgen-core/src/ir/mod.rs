@@ -187,6 +187,10 @@ pub enum BinaryOp {
     Shr,
     /// `pow(x, y)` for floats.
     Pow,
+    /// `fdiv(x, y)` for floats: `x / y` within 2 ulp (PTX `div.full.f32`, what Triton's
+    /// `/` gives), not correctly rounded. The interpreter divides correctly rounded,
+    /// which is within that bound.
+    FDiv,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

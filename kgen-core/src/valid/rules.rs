@@ -191,7 +191,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             let ok = match b {
                 BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => d == DType::Bool || d.is_int(),
                 BinaryOp::Shl | BinaryOp::Shr => d.is_int(),
-                BinaryOp::Pow => d.is_float(),
+                BinaryOp::Pow | BinaryOp::FDiv => d.is_float(),
                 _ => d.is_int() || d.is_float(),
             };
             ensure(ok, || format!("{b:?} on {d}"))

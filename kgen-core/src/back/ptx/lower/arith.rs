@@ -238,6 +238,7 @@ impl Lowerer<'_> {
                     return Ok(self.op1(class, &opc, vec![x, amount.into()]));
                 }
                 BinaryOp::Pow => return Err(unsupported(span, "pow on integers")),
+                BinaryOp::FDiv => return Err(unsupported(span, "fdiv on integers")),
             };
             return Ok(self.op1(class, &opc, vec![x, y]));
         }
@@ -246,6 +247,7 @@ impl Lowerer<'_> {
             BinaryOp::Sub => self.f("sub.rn.f32", vec![x, y]),
             BinaryOp::Mul => self.f("mul.rn.f32", vec![x, y]),
             BinaryOp::Div => self.f("div.rn.f32", vec![x, y]),
+            BinaryOp::FDiv => self.f("div.full.f32", vec![x, y]),
             BinaryOp::Min => return Ok(self.f("min.f32", vec![x, y])),
             BinaryOp::Max => return Ok(self.f("max.f32", vec![x, y])),
             BinaryOp::Rem => self.fmod(a, b),
