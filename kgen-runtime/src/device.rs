@@ -354,6 +354,12 @@ impl Device {
         crate::kernel::get_or_build(self, file, opts)
     }
 
+    /// Every kernel this device has loaded (each specialization once, in no particular
+    /// order): e.g. to check [`Kernel::resources`] for spills after a tuning sweep.
+    pub fn loaded_kernels(&self) -> Vec<Arc<Kernel>> {
+        self.inner.kernels.loaded()
+    }
+
     /// Kernel-cache counters (memory hits, disk hits, compiles, rebuilt entries).
     pub fn cache_stats(&self) -> crate::kernel::CacheStats {
         self.inner.kernels.stats()

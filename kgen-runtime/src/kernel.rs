@@ -98,6 +98,14 @@ impl KernelCache {
         }
     }
 
+    /// Every kernel loaded so far, in no particular order.
+    pub(crate) fn loaded(&self) -> Vec<Arc<Kernel>> {
+        self.map
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn stats(&self) -> CacheStats {
         CacheStats {
             memory_hits: self.memory_hits.load(Ordering::Relaxed),

@@ -86,6 +86,14 @@ fn launch_matches_f64_reference_on_awkward_sizes() {
     // One compile per (dtype, alignment class); repeated shapes hit memory.
     assert!(st.compiles <= 9, "{st:?}");
     assert!(st.memory_hits >= 6, "{st:?}");
+    // Each specialization is listed once; the interpreter reports no registers.
+    let loaded = d.loaded_kernels();
+    assert_eq!(loaded.len() as u64, st.compiles, "{st:?}");
+    let mut entries: Vec<&str> = loaded.iter().map(|k| k.entry()).collect();
+    entries.sort();
+    entries.dedup();
+    assert_eq!(entries.len(), loaded.len());
+    assert!(loaded.iter().all(|k| k.resources().is_none()));
 }
 
 #[test]

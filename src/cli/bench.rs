@@ -140,6 +140,47 @@ fn progress(line: impl std::fmt::Display) {
     eprintln!("{line}");
 }
 
+/// Local memory (spilled registers) in every kernel the workloads loaded, tuning
+/// candidates included, as the driver's JIT built them: a line and its JSON.
+fn spill_report(device: &Device) -> (String, serde_json::Value) {
+    let loaded = device.loaded_kernels();
+    let mut spilling: Vec<(String, u32, u32)> = loaded
+        .iter()
+        .filter_map(|k| {
+            let (regs, local) = k.resources()?;
+            (local > 0).then(|| (k.entry().to_string(), regs, local))
+        })
+        .collect();
+    spilling.sort();
+    let line = if spilling.is_empty() {
+        format!(
+            "local memory: none of the {} kernels the workloads loaded (tuning candidates \
+             included) uses any (no spills)",
+            loaded.len()
+        )
+    } else {
+        let list: Vec<String> = spilling
+            .iter()
+            .map(|(e, regs, local)| format!("{e} ({regs} registers, {local} bytes/thread)"))
+            .collect();
+        format!(
+            "local memory: {} of the {} kernels the workloads loaded (tuning candidates \
+             included) spill: {}",
+            spilling.len(),
+            loaded.len(),
+            list.join(", ")
+        )
+    };
+    let json = json!({
+        "kernels_loaded": loaded.len(),
+        "spilling": spilling
+            .iter()
+            .map(|(e, regs, local)| json!({"entry": e, "registers": regs, "local_bytes": local}))
+            .collect::<Vec<_>>(),
+    });
+    (line, json)
+}
+
 pub fn bench(a: BenchArgs) -> CliResult {
     if a.first_launch_probe {
         return first_launch_probe();
@@ -215,6 +256,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
 
     let mut extras = serde_json::Map::new();
     let mut extra_lines = Vec::new();
+    let (line, spills) = spill_report(&device);
+    extra_lines.push(line);
+    extras.insert("local_memory".into(), spills);
     if !a.no_extras {
         progress("launch cost ...");
         match launch_cost(&ops, LAUNCHES, LAUNCH_ROUNDS) {
