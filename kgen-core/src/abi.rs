@@ -3,10 +3,11 @@
 
 use crate::target::Arch;
 use crate::types::DType;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A compile-time argument value.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ConstArg {
     Int(i64),
     Bool(bool),
@@ -25,7 +26,7 @@ impl fmt::Display for ConstArg {
 
 /// Which variant of a kernel: every compile-time parameter's value (defaults filled in),
 /// the warp count and the alignment assumed for each tensor.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Specialization {
     pub kernel: String,
     /// In declaration order.
@@ -91,7 +92,7 @@ impl Specialization {
 }
 
 /// How one PTX kernel parameter is filled at launch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AbiSlot {
     /// The device address of tensor parameter `param` (`.u64`).
     TensorPtr { param: u32 },
@@ -104,19 +105,51 @@ pub enum AbiSlot {
     Scalar { param: u32, dtype: DType },
 }
 
+/// The PTX types a kernel parameter is declared with.
+pub const PTX_PARAM_TYPES: &[&str] = &["u64", "s64", "u32", "s32", "f32", "b16"];
+
 /// One PTX parameter.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct AbiParam {
     pub ptx_name: String,
-    /// The PTX type in the `.param` declaration (`u64`, `s32`, `f32`, `b16`, ...).
+    /// The PTX type in the `.param` declaration (one of [`PTX_PARAM_TYPES`]).
     pub ptx_type: &'static str,
     /// Size in bytes of the value pushed at launch.
     pub size: u32,
     pub slot: AbiSlot,
 }
 
+/// [`AbiParam`] as read back (its PTX type as an owned string, checked against
+/// [`PTX_PARAM_TYPES`]).
+#[derive(Deserialize)]
+struct AbiParamText {
+    ptx_name: String,
+    ptx_type: String,
+    size: u32,
+    slot: AbiSlot,
+}
+
+impl<'de> Deserialize<'de> for AbiParam {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<AbiParam, D::Error> {
+        let t = AbiParamText::deserialize(d)?;
+        let ptx_type = PTX_PARAM_TYPES
+            .iter()
+            .copied()
+            .find(|x| *x == t.ptx_type)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("unknown PTX parameter type `{}`", t.ptx_type))
+            })?;
+        Ok(AbiParam {
+            ptx_name: t.ptx_name,
+            ptx_type,
+            size: t.size,
+            slot: t.slot,
+        })
+    }
+}
+
 /// A kernel-level description of one source parameter, for argument checking.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SourceParam {
     Tensor {
         name: String,
@@ -135,7 +168,7 @@ pub enum SourceParam {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct KernelAbi {
     /// The source-level parameters in order.
     pub source_params: Vec<SourceParam>,
@@ -144,7 +177,7 @@ pub struct KernelAbi {
 }
 
 /// What the launcher needs besides the grid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchHints {
     pub threads_per_block: u32,
     /// Static shared memory declared in the PTX.
@@ -163,7 +196,7 @@ pub struct LaunchHints {
 }
 
 /// The result of compiling one specialization of one kernel for one arch.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CompiledKernel {
     pub ptx: String,
     pub entry: String,
@@ -171,4 +204,41 @@ pub struct CompiledKernel {
     pub abi: KernelAbi,
     pub launch: LaunchHints,
     pub spec: Specialization,
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{compile, Arch, CompileOptions, SourceFile};
+
+    #[test]
+    fn compiled_kernels_round_trip_through_json_and_unknown_ptx_types_are_refused() {
+        let file = SourceFile::new(
+            "t.kg",
+            "kernel scale<T: float = f16, BLOCK: int = 256>(x: tensor<T, 2, contiguous>, \
+             y: tensor<T, 2>, a: T, n: i64) {\n\
+             let t = load(x, [bid(0), 0], [1, BLOCK]);\n\
+             store(y, [bid(0), 0], t * a + (n as T));\n}\n",
+        );
+        for arch in Arch::ALL {
+            let k = compile(&file, &CompileOptions::new(arch).define("BLOCK", 128))
+                .unwrap_or_else(|d| panic!("{}", d.render(&file)));
+            let text = serde_json::to_string(&k).expect("serializes");
+            let back: super::CompiledKernel = serde_json::from_str(&text).expect("reads back");
+            assert_eq!(back, k);
+            // Every PTX type this kernel declares is one the reader accepts.
+            assert!(k
+                .abi
+                .params
+                .iter()
+                .all(|p| super::PTX_PARAM_TYPES.contains(&p.ptx_type)));
+            let bad = text.replacen("\"ptx_type\":\"u64\"", "\"ptx_type\":\"u128\"", 1);
+            assert_ne!(bad, text);
+            let err = serde_json::from_str::<super::CompiledKernel>(&bad).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("unknown PTX parameter type `u128`"),
+                "{err}"
+            );
+        }
+    }
 }

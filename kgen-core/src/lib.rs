@@ -44,3 +44,8 @@ pub use types::{DType, Shape};
 
 /// The compiler version, part of every cache key.
 pub const COMPILER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The package version and a hash of the compiler's own sources (`build.rs`), e.g.
+/// `0.1.0+3f2a9c01d4e5b6a7`: caches of compiled kernels key on it, so a compiler built
+/// from changed sources never reuses another build's output.
+pub const COMPILER_FINGERPRINT: &str = env!("KGEN_CORE_FINGERPRINT");

@@ -3,7 +3,9 @@
 use std::fmt;
 
 /// An element type. Every scalar and every tile element has one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum DType {
     Bool,
     I32,

@@ -1,29 +1,35 @@
-//! The on-disk kernel cache: the driver's JIT output (a cubin) per compiled kernel.
+//! The on-disk kernel cache: kgen's compiled kernels (PTX, parameter ABI, launch hints,
+//! specialization), so a later process skips kgen's compile.
 //!
-//! kgen's own compile is milliseconds; the driver's PTX→SASS JIT is most of a first
-//! launch. So an entry stores the cubin, keyed by everything that determines it: the
-//! kernel source, the specialization (defines, warps, tensor alignments), the arch, the
-//! kgen compiler version and this format's version, plus the GPU name (the cubin is for
-//! one SM). On a hit the runtime still compiles the kernel (for its ABI) and checks that
-//! the PTX it gets hashes to the one the entry was built from; so an entry made by
-//! another compiler build, a hash collision or a hand-edited file is never trusted.
+//! An entry is keyed by everything that determines it: the kernel source, the
+//! specialization (defines, warps, blocks-per-SM bound, tensor alignments), the arch,
+//! the compiler's fingerprint (its version and a hash of its own sources,
+//! `kgen_core::COMPILER_FINGERPRINT`) and this format's version. So an entry made by
+//! another compiler build is never found, and a key collision is caught by comparing the
+//! stored description. The driver's PTX→SASS JIT output is not stored here: the runtime
+//! loads PTX with `cuModuleLoadData` (whole-program code; the linker's `cuLink*` path
+//! compiles PTX as relocatable code, which measured other register counts and spills on
+//! an H100), and the driver keeps its own JIT cache (`~/.nv/ComputeCache`, off with
+//! `CUDA_CACHE_DISABLE=1`).
 //!
-//! File format (one file per key, `<dir>/<key hex>.kgbin`):
-//! `KGENCUBIN1\n`, one JSON header line `{key, description, ptx_sha256, cubin_len,
-//! cubin_sha256}`, then the cubin bytes. Anything that does not parse, has the wrong
-//! length, or whose checksums or key do not match is `Lookup::Rejected` (and deleted).
-//! Writes go to a temporary file renamed into place, so readers never see half a file.
-//! Every failure (unwritable directory, full disk) is reported, never fatal.
+//! File format (one file per key, `<dir>/<key hex>.kgk`): `KGENKERNEL2\n`, one JSON
+//! header line `{key, description, body_len, body_sha256}`, then the body: the compiled
+//! kernel as JSON. Anything that does not parse, has the wrong length, whose checksum or
+//! key do not match, or whose kernel is inconsistent (its entry name is not its
+//! specialization's, or the PTX does not declare it) is `Lookup::Rejected` (and
+//! deleted). Writes go to a temporary file renamed into place, so readers never see half
+//! a file. Every failure (unwritable directory, full disk) is reported, never fatal.
 //!
 //! Pure: no driver calls; unit-tested on any machine.
 
+use kgen_core::abi::CompiledKernel;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-const MAGIC: &[u8] = b"KGENCUBIN1\n";
+const MAGIC: &[u8] = b"KGENKERNEL2\n";
 /// Bumped when the entry format or what it depends on changes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Hex SHA-256 of some bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -41,11 +47,11 @@ pub struct CacheKey {
 }
 
 impl CacheKey {
-    /// The key of a kernel build: source text, specialization key, arch, GPU name and
-    /// compiler version.
-    pub fn new(source: &str, spec_key: &str, arch: &str, gpu: &str, compiler: &str) -> CacheKey {
+    /// The key of a kernel build: source text, specialization key, arch and compiler
+    /// fingerprint.
+    pub fn new(source: &str, spec_key: &str, arch: &str, compiler: &str) -> CacheKey {
         let description = format!(
-            "format={FORMAT_VERSION};kgen={compiler};arch={arch};gpu={gpu};spec={spec_key};source_sha256={}",
+            "format={FORMAT_VERSION};kgen={compiler};arch={arch};spec={spec_key};source_sha256={}",
             sha256_hex(source.as_bytes())
         );
         CacheKey {
@@ -59,15 +65,14 @@ impl CacheKey {
 struct Header {
     key: String,
     description: String,
-    ptx_sha256: String,
-    cubin_len: usize,
-    cubin_sha256: String,
+    body_len: usize,
+    body_sha256: String,
 }
 
 /// The result of a lookup.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Lookup {
-    Hit(Vec<u8>),
+    Hit(Box<CompiledKernel>),
     Miss,
     /// An entry existed but could not be trusted (the reason); it was removed.
     Rejected(String),
@@ -102,41 +107,44 @@ impl DiskCache {
     }
 
     fn path(&self, key: &CacheKey) -> PathBuf {
-        self.dir.join(format!("{}.kgbin", key.hash))
+        self.dir.join(format!("{}.kgk", key.hash))
     }
 
-    /// Looks `key` up; `ptx` is the PTX the caller just compiled (the entry must have
-    /// been built from exactly that).
-    pub fn load(&self, key: &CacheKey, ptx: &str) -> Lookup {
+    /// Looks `key` up.
+    pub fn load(&self, key: &CacheKey) -> Lookup {
         let path = self.path(key);
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
             Err(e) => return Lookup::Rejected(format!("unreadable: {e}")),
         };
-        match parse(&bytes, key, ptx) {
-            Ok(cubin) => Lookup::Hit(cubin),
-            Err(why) => {
-                let _ = std::fs::remove_file(&path);
-                Lookup::Rejected(why)
-            }
+        match parse(&bytes, key) {
+            Ok(k) => Lookup::Hit(Box::new(k)),
+            Err(why) => self.reject(key, why),
         }
     }
 
+    /// Removes `key`'s entry and says why: for an entry that parsed but then failed
+    /// (the driver refused its PTX), as for one that did not parse.
+    pub fn reject(&self, key: &CacheKey, why: String) -> Lookup {
+        let _ = std::fs::remove_file(self.path(key));
+        Lookup::Rejected(why)
+    }
+
     /// Stores an entry atomically. Errors are returned for the caller to report.
-    pub fn store(&self, key: &CacheKey, ptx: &str, cubin: &[u8]) -> std::io::Result<()> {
+    pub fn store(&self, key: &CacheKey, kernel: &CompiledKernel) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
+        let body = serde_json::to_vec(kernel).map_err(std::io::Error::other)?;
         let header = Header {
             key: key.hash.clone(),
             description: key.description.clone(),
-            ptx_sha256: sha256_hex(ptx.as_bytes()),
-            cubin_len: cubin.len(),
-            cubin_sha256: sha256_hex(cubin),
+            body_len: body.len(),
+            body_sha256: sha256_hex(&body),
         };
         let mut out = MAGIC.to_vec();
         out.extend(serde_json::to_vec(&header).map_err(std::io::Error::other)?);
         out.push(b'\n');
-        out.extend_from_slice(cubin);
+        out.extend_from_slice(&body);
         let tmp = self
             .dir
             .join(format!(".{}.{}.tmp", key.hash, std::process::id()));
@@ -149,7 +157,7 @@ impl DiskCache {
     }
 }
 
-fn parse(bytes: &[u8], key: &CacheKey, ptx: &str) -> Result<Vec<u8>, String> {
+fn parse(bytes: &[u8], key: &CacheKey) -> Result<CompiledKernel, String> {
     let rest = bytes
         .strip_prefix(MAGIC)
         .ok_or("not a kgen cache entry (bad magic)")?;
@@ -159,29 +167,35 @@ fn parse(bytes: &[u8], key: &CacheKey, ptx: &str) -> Result<Vec<u8>, String> {
         .ok_or("truncated header")?;
     let header: Header =
         serde_json::from_slice(&rest[..nl]).map_err(|e| format!("corrupt header: {e}"))?;
-    let cubin = &rest[nl + 1..];
+    let body = &rest[nl + 1..];
     if header.key != key.hash || header.description != key.description {
         return Err("the entry belongs to another key".into());
     }
-    if header.cubin_len != cubin.len() {
+    if header.body_len != body.len() {
         return Err(format!(
-            "truncated: {} of {} cubin bytes",
-            cubin.len(),
-            header.cubin_len
+            "truncated: {} of {} body bytes",
+            body.len(),
+            header.body_len
         ));
     }
-    if header.cubin_sha256 != sha256_hex(cubin) {
-        return Err("cubin checksum mismatch".into());
+    if header.body_sha256 != sha256_hex(body) {
+        return Err("body checksum mismatch".into());
     }
-    if header.ptx_sha256 != sha256_hex(ptx.as_bytes()) {
-        return Err("stale: built from different PTX".into());
+    let k: CompiledKernel =
+        serde_json::from_slice(body).map_err(|e| format!("corrupt kernel: {e}"))?;
+    if k.entry != k.spec.entry_name() || !k.ptx.contains(&format!(".entry {}(", k.entry)) {
+        return Err(format!(
+            "inconsistent: entry `{}` is not its specialization's or not in its PTX",
+            k.entry
+        ));
     }
-    Ok(cubin.to_vec())
+    Ok(k)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kgen_core::{compile, Arch, CompileOptions, SourceFile};
 
     fn temp_dir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!(
@@ -194,75 +208,111 @@ mod tests {
     }
 
     fn key(src: &str) -> CacheKey {
-        CacheKey::new(src, "k<T=f32>;warps=4", "sm_90a", "NVIDIA H100", "0.1.0")
+        CacheKey::new(src, "k<T=f32>;warps=4", "sm_90a", "0.1.0+0123456789abcdef")
+    }
+
+    fn kernel(block: u32) -> CompiledKernel {
+        let file = SourceFile::new(
+            "k.kg",
+            "kernel k<BLOCK: int = 64>(x: tensor<f32, 1>, y: tensor<f32, 1>) {\n\
+             store(y, [bid(0)], load(x, [bid(0)], [BLOCK]) * 2.0);\n}\n",
+        );
+        compile(
+            &file,
+            &CompileOptions::new(Arch::Sm90a).define("BLOCK", block),
+        )
+        .unwrap_or_else(|d| panic!("{}", d.render(&file)))
     }
 
     #[test]
     fn hit_after_store_and_miss_before() {
         let c = DiskCache::new(temp_dir("hit"));
         let k = key("kernel a() {}");
-        assert_eq!(c.load(&k, "PTX"), Lookup::Miss);
-        c.store(&k, "PTX", b"\x7fELF cubin bytes").unwrap();
-        assert_eq!(
-            c.load(&k, "PTX"),
-            Lookup::Hit(b"\x7fELF cubin bytes".to_vec())
-        );
+        assert_eq!(c.load(&k), Lookup::Miss);
+        let compiled = kernel(64);
+        c.store(&k, &compiled).unwrap();
+        assert_eq!(c.load(&k), Lookup::Hit(Box::new(compiled)));
     }
 
     #[test]
     fn key_depends_on_every_input() {
-        let base = CacheKey::new("s", "spec", "sm_90a", "gpu", "1");
+        let base = CacheKey::new("s", "spec", "sm_90a", "1");
         for other in [
-            CacheKey::new("s2", "spec", "sm_90a", "gpu", "1"),
-            CacheKey::new("s", "spec2", "sm_90a", "gpu", "1"),
-            CacheKey::new("s", "spec", "sm_80", "gpu", "1"),
-            CacheKey::new("s", "spec", "sm_90a", "gpu2", "1"),
-            CacheKey::new("s", "spec", "sm_90a", "gpu", "2"),
+            CacheKey::new("s2", "spec", "sm_90a", "1"),
+            CacheKey::new("s", "spec2", "sm_90a", "1"),
+            CacheKey::new("s", "spec", "sm_80", "1"),
+            CacheKey::new("s", "spec", "sm_90a", "2"),
         ] {
             assert_ne!(base.hash, other.hash);
         }
-        assert_eq!(base, CacheKey::new("s", "spec", "sm_90a", "gpu", "1"));
+        assert_eq!(base, CacheKey::new("s", "spec", "sm_90a", "1"));
     }
 
     #[test]
-    fn corrupt_truncated_and_stale_entries_are_rejected_and_removed() {
+    fn corrupt_truncated_and_inconsistent_entries_are_rejected_and_removed() {
         let c = DiskCache::new(temp_dir("bad"));
         let k = key("kernel b() {}");
         let path = c.path(&k);
-        let cubin = vec![7u8; 100];
-        // Flipped cubin byte.
-        c.store(&k, "PTX", &cubin).unwrap();
+        let compiled = kernel(64);
+        // Flipped body byte.
+        c.store(&k, &compiled).unwrap();
         let mut b = std::fs::read(&path).unwrap();
         let n = b.len();
-        b[n - 1] ^= 1;
+        b[n - 2] ^= 1;
         std::fs::write(&path, &b).unwrap();
-        assert!(matches!(c.load(&k, "PTX"), Lookup::Rejected(w) if w.contains("checksum")));
+        assert!(matches!(c.load(&k), Lookup::Rejected(w) if w.contains("checksum")));
         assert!(!path.exists(), "a rejected entry is deleted");
         // Truncated.
-        c.store(&k, "PTX", &cubin).unwrap();
+        c.store(&k, &compiled).unwrap();
         let b = std::fs::read(&path).unwrap();
         std::fs::write(&path, &b[..b.len() - 10]).unwrap();
-        assert!(matches!(c.load(&k, "PTX"), Lookup::Rejected(w) if w.contains("truncated")));
-        // Garbage.
+        assert!(matches!(c.load(&k), Lookup::Rejected(w) if w.contains("truncated")));
+        // Garbage, and the previous format's magic.
         std::fs::create_dir_all(c.dir()).unwrap();
-        std::fs::write(&path, b"hello").unwrap();
-        assert!(matches!(c.load(&k, "PTX"), Lookup::Rejected(w) if w.contains("magic")));
+        for junk in [&b"hello"[..], b"KGENCUBIN1\n{}\n\x7fELF"] {
+            std::fs::write(&path, junk).unwrap();
+            assert!(matches!(c.load(&k), Lookup::Rejected(w) if w.contains("magic")));
+        }
         // Corrupt header.
         let mut g = MAGIC.to_vec();
         g.extend(b"{not json\n");
         std::fs::write(&path, &g).unwrap();
-        assert!(matches!(c.load(&k, "PTX"), Lookup::Rejected(w) if w.contains("header")));
-        // Stale: built from other PTX.
-        c.store(&k, "OLD PTX", &cubin).unwrap();
-        assert!(matches!(c.load(&k, "NEW PTX"), Lookup::Rejected(w) if w.contains("stale")));
+        assert!(matches!(c.load(&k), Lookup::Rejected(w) if w.contains("header")));
+        // A body with a valid checksum that is not a kernel.
+        let body = b"[1, 2, 3]";
+        let header = Header {
+            key: k.hash.clone(),
+            description: k.description.clone(),
+            body_len: body.len(),
+            body_sha256: sha256_hex(body),
+        };
+        let mut g = MAGIC.to_vec();
+        g.extend(serde_json::to_vec(&header).unwrap());
+        g.push(b'\n');
+        g.extend(body);
+        std::fs::write(&path, &g).unwrap();
+        assert!(matches!(c.load(&k), Lookup::Rejected(w) if w.contains("corrupt kernel")));
+        // A kernel whose entry is not its specialization's (checksums recomputed).
+        let mut odd = compiled.clone();
+        odd.entry = "k__BLOCK_128__w2".into();
+        c.store(&k, &odd).unwrap();
+        assert!(matches!(c.load(&k), Lookup::Rejected(w) if w.contains("inconsistent")));
         // Another key's file under this name.
         let k2 = key("kernel c() {}");
-        c.store(&k2, "PTX", &cubin).unwrap();
+        c.store(&k2, &kernel(128)).unwrap();
         std::fs::copy(c.path(&k2), &path).unwrap();
-        assert!(matches!(c.load(&k, "PTX"), Lookup::Rejected(w) if w.contains("another key")));
-        // Rebuilt after a rejection.
-        c.store(&k, "PTX", &cubin).unwrap();
-        assert_eq!(c.load(&k, "PTX"), Lookup::Hit(cubin));
+        assert!(matches!(c.load(&k), Lookup::Rejected(w) if w.contains("another key")));
+        // Another compiler build: another key, so a miss (its entry is never read).
+        let other = CacheKey::new("kernel b() {}", "k<T=f32>;warps=4", "sm_90a", "0.1.0+ffff");
+        assert_eq!(c.load(&other), Lookup::Miss);
+        // Rebuilt after a rejection; a rejection the caller reports removes the entry.
+        c.store(&k, &compiled).unwrap();
+        assert_eq!(c.load(&k), Lookup::Hit(Box::new(compiled)));
+        assert!(matches!(
+            c.reject(&k, "the driver refused it".into()),
+            Lookup::Rejected(_)
+        ));
+        assert_eq!(c.load(&k), Lookup::Miss);
     }
 
     #[test]
@@ -272,8 +322,8 @@ mod tests {
         std::fs::write(&d, b"a file where the directory should be").unwrap();
         let c = DiskCache::new(&d);
         let k = key("x");
-        assert!(c.store(&k, "PTX", b"cubin").is_err());
-        assert!(!matches!(c.load(&k, "PTX"), Lookup::Hit(_)));
+        assert!(c.store(&k, &kernel(64)).is_err());
+        assert!(!matches!(c.load(&k), Lookup::Hit(_)));
         let _ = std::fs::remove_file(&d);
     }
 }

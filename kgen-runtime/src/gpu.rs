@@ -194,65 +194,10 @@ impl Gpu {
     /// Loads a compiled kernel through the driver's PTX JIT. A JIT failure comes back as
     /// [`RuntimeError::PtxLoad`] with the JIT's error log.
     pub fn load(&self, kernel: &CompiledKernel) -> Result<LoadedKernel, RuntimeError> {
-        guarded("loading a module", || self.load_inner(kernel, None))
+        guarded("loading a module", || self.load_inner(kernel))
     }
 
-    /// Loads a kernel from a cubin the driver produced earlier for the same PTX
-    /// ([`Gpu::jit_to_cubin`]); no JIT happens.
-    pub fn load_cubin(
-        &self,
-        kernel: &CompiledKernel,
-        cubin: Vec<u8>,
-    ) -> Result<LoadedKernel, RuntimeError> {
-        guarded("loading a module", || self.load_inner(kernel, Some(cubin)))
-    }
-
-    /// Runs the driver's JIT on the PTX and returns the resulting cubin (for the disk
-    /// cache), through cuLinkCreate / cuLinkAddData / cuLinkComplete.
-    pub fn jit_to_cubin(&self, ptx: &str) -> Result<Vec<u8>, RuntimeError> {
-        guarded("linking", || {
-            self.ctx.bind_to_thread().op("binding the context")?;
-            let src = std::ffi::CString::new(ptx).map_err(|_| RuntimeError::Incompatible {
-                entry: String::new(),
-                why: "the PTX holds a NUL byte".into(),
-            })?;
-            let bytes = src.as_bytes_with_nul();
-            let mut state: sys::CUlinkState = std::ptr::null_mut();
-            unsafe {
-                sys::cuLinkCreate_v2(0, std::ptr::null_mut(), std::ptr::null_mut(), &mut state)
-                    .result()
-                    .op("cuLinkCreate")?;
-                let r = (|| {
-                    sys::cuLinkAddData_v2(
-                        state,
-                        sys::CUjitInputType::CU_JIT_INPUT_PTX,
-                        bytes.as_ptr() as *mut _,
-                        bytes.len(),
-                        c"kgen.ptx".as_ptr(),
-                        0,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                    )
-                    .result()
-                    .op("cuLinkAddData")?;
-                    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
-                    let mut size = 0usize;
-                    sys::cuLinkComplete(state, &mut out, &mut size)
-                        .result()
-                        .op("cuLinkComplete")?;
-                    Ok(std::slice::from_raw_parts(out as *const u8, size).to_vec())
-                })();
-                let _ = sys::cuLinkDestroy(state);
-                r
-            }
-        })
-    }
-
-    fn load_inner(
-        &self,
-        kernel: &CompiledKernel,
-        cubin: Option<Vec<u8>>,
-    ) -> Result<LoadedKernel, RuntimeError> {
+    fn load_inner(&self, kernel: &CompiledKernel) -> Result<LoadedKernel, RuntimeError> {
         let entry = kernel.entry.clone();
         let incompatible = |why: String| RuntimeError::Incompatible {
             entry: entry.clone(),
@@ -274,11 +219,7 @@ impl Gpu {
         let module = match cached {
             Some(m) => m,
             None => {
-                let image = match cubin {
-                    Some(c) => Ptx::from_binary(c),
-                    None => Ptx::from_src(kernel.ptx.clone()),
-                };
-                let m = match self.ctx.load_module(image) {
+                let m = match self.ctx.load_module(Ptx::from_src(kernel.ptx.clone())) {
                     Ok(m) => m,
                     Err(err) => {
                         return Err(RuntimeError::PtxLoad {

@@ -1,11 +1,12 @@
 //! Compiled, loaded kernels and the kernel cache.
 //!
 //! `Device::kernel(file, opts)` compiles one specialization (kgen's compile is a few
-//! milliseconds) and loads it: on a GPU through the driver, whose JIT output is kept in
-//! the disk cache ([`crate::disk_cache`]) so later processes skip the JIT; on the
-//! interpreter as IR. Loaded kernels are kept in memory per device, keyed by the source
-//! hash, the specialization, the arch and the compiler version, so asking again costs a
-//! hash and a map lookup. Hot paths should keep the `Arc<Kernel>` they got.
+//! milliseconds; a later process takes it from the disk cache, [`crate::disk_cache`])
+//! and loads it: on a GPU by handing the PTX to the driver (`cuModuleLoadData`: its JIT
+//! compiles whole-program code, and its own cache keeps the result across processes); on
+//! the interpreter as IR. Loaded kernels are kept in memory per device, keyed by the
+//! source hash, the specialization, the arch and the compiler's fingerprint, so asking
+//! again costs a hash and a map lookup. Hot paths should keep the `Arc<Kernel>` they got.
 
 use crate::device::{Backend, Device};
 use crate::disk_cache::{sha256_hex, CacheKey, DiskCache, Lookup};
@@ -17,8 +18,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// The kgen compiler version baked into cache keys.
-pub const COMPILER_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The kgen compiler's fingerprint (its version and a hash of its sources) baked into
+/// cache keys: the disk cache's and the tuner's.
+pub const COMPILER_VERSION: &str = kgen_core::COMPILER_FINGERPRINT;
 
 pub(crate) enum Exec {
     Cuda(LoadedKernel),
@@ -61,11 +63,12 @@ impl Kernel {
 pub struct CacheStats {
     /// Found loaded in memory.
     pub memory_hits: u64,
-    /// Compiled by kgen (every miss in memory).
+    /// Compiled by kgen (misses in memory the disk cache did not answer).
     pub compiles: u64,
-    /// Driver JIT skipped thanks to a disk entry.
+    /// kgen's compile skipped thanks to a disk entry (whether the driver JIT-compiles the
+    /// PTX again is up to its own cache).
     pub disk_hits: u64,
-    /// Disk entries found corrupt or stale, removed and rebuilt.
+    /// Disk entries found corrupt or unusable, removed and rebuilt.
     pub disk_rejected: u64,
     /// Entries that could not be written (the launch still worked).
     pub disk_write_errors: u64,
@@ -129,6 +132,17 @@ pub fn spec_key(opts: &CompileOptions) -> String {
     )
 }
 
+/// Counts and reports a disk entry that could not be used (it is removed; the kernel is
+/// rebuilt).
+fn report_rejected(cache: &KernelCache, disk: &DiskCache, key: &CacheKey, what: &str, why: String) {
+    cache.disk_rejected.fetch_add(1, Ordering::Relaxed);
+    let _ = disk.reject(key, why.clone());
+    eprintln!(
+        "kgen: rebuilding the cache entry of `{what}` in {}: {why}",
+        disk.dir().display()
+    );
+}
+
 pub(crate) fn get_or_build(
     device: &Device,
     file: &SourceFile,
@@ -138,17 +152,7 @@ pub(crate) fn get_or_build(
     let mut opts = opts.clone();
     opts.arch = device.arch();
     let spec = spec_key(&opts);
-    let gpu_name = device
-        .gpu()
-        .map(|g| g.info().name.clone())
-        .unwrap_or_else(|| "interpreter".into());
-    let key = CacheKey::new(
-        &file.text,
-        &spec,
-        &opts.arch.to_string(),
-        &gpu_name,
-        COMPILER_VERSION,
-    );
+    let key = CacheKey::new(&file.text, &spec, &opts.arch.to_string(), COMPILER_VERSION);
     if let Some(k) = cache
         .map
         .lock()
@@ -158,52 +162,49 @@ pub(crate) fn get_or_build(
         cache.memory_hits.fetch_add(1, Ordering::Relaxed);
         return Ok(k);
     }
-    cache.compiles.fetch_add(1, Ordering::Relaxed);
     let render = |d: kgen_core::Diagnostics| RuntimeError::Compile(d.render(file));
-    let compiled = kgen_core::compile(file, &opts).map_err(render)?;
-    let exec = match &device.inner.backend {
+    let build = || -> Result<CompiledKernel, RuntimeError> {
+        cache.compiles.fetch_add(1, Ordering::Relaxed);
+        kgen_core::compile(file, &opts).map_err(render)
+    };
+    let (compiled, exec) = match &device.inner.backend {
         Backend::Interpreter => {
             let (func, _) = kgen_core::compile_to_ir(file, &opts).map_err(render)?;
-            Exec::Interp(func)
+            (build()?, Exec::Interp(func))
         }
         Backend::Cuda(gpu) => {
-            let mut loaded = None;
-            if let Some(disk) = &cache.disk {
-                match disk.load(&key, &compiled.ptx) {
-                    Lookup::Hit(cubin) => {
-                        if let Ok(l) = gpu.load_cubin(&compiled, cubin) {
-                            cache.disk_hits.fetch_add(1, Ordering::Relaxed);
-                            loaded = Some(l);
-                        } else {
-                            cache.disk_rejected.fetch_add(1, Ordering::Relaxed);
-                        }
+            // kgen's compiled kernel from the disk cache when it holds one; the driver's
+            // JIT (its own cache aside) runs on the PTX either way (`Gpu::load`).
+            let stored = match cache.disk.as_ref().map(|d| (d, d.load(&key))) {
+                Some((disk, Lookup::Hit(k))) => match gpu.load(&k) {
+                    Ok(l) => {
+                        cache.disk_hits.fetch_add(1, Ordering::Relaxed);
+                        Some((*k, l))
                     }
-                    Lookup::Rejected(why) => {
-                        cache.disk_rejected.fetch_add(1, Ordering::Relaxed);
-                        eprintln!(
-                            "kgen: rebuilding the cache entry of `{}` in {}: {why}",
-                            compiled.entry,
-                            disk.dir().display()
-                        );
+                    Err(e) => {
+                        report_rejected(cache, disk, &key, &k.entry, e.to_string());
+                        None
                     }
-                    Lookup::Miss => {}
+                },
+                Some((disk, Lookup::Rejected(why))) => {
+                    report_rejected(cache, disk, &key, &spec, why);
+                    None
                 }
-            }
-            let loaded = match loaded {
-                Some(l) => l,
-                None => match (&cache.disk, gpu.jit_to_cubin(&compiled.ptx)) {
-                    (Some(disk), Ok(cubin)) => {
-                        if disk.store(&key, &compiled.ptx, &cubin).is_err() {
+                Some((_, Lookup::Miss)) | None => None,
+            };
+            match stored {
+                Some((k, l)) => (k, Exec::Cuda(l)),
+                None => {
+                    let compiled = build()?;
+                    let loaded = gpu.load(&compiled)?;
+                    if let Some(disk) = &cache.disk {
+                        if disk.store(&key, &compiled).is_err() {
                             cache.disk_write_errors.fetch_add(1, Ordering::Relaxed);
                         }
-                        gpu.load_cubin(&compiled, cubin)?
                     }
-                    // No disk cache, or the linker path failed: the plain PTX load (whose
-                    // error carries the JIT log).
-                    _ => gpu.load(&compiled)?,
-                },
-            };
-            Exec::Cuda(loaded)
+                    (compiled, Exec::Cuda(loaded))
+                }
+            }
         }
     };
     let k = Arc::new(Kernel {

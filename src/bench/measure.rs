@@ -725,12 +725,8 @@ pub struct FirstLaunches {
 pub struct JitBreakdown {
     /// kgen: source -> PTX.
     pub kgen_compile_ms: f64,
-    /// The driver JIT through the linker (`cuLinkComplete`: PTX -> cubin, what the disk
-    /// cache stores).
-    pub link_to_cubin_ms: f64,
-    /// `cuModuleLoadData` of that cubin (a disk-cache hit's cost).
-    pub load_cubin_ms: f64,
-    /// `cuModuleLoadData` of the PTX (the driver JIT without the linker).
+    /// `cuModuleLoadData` of the PTX: the driver's JIT (what the runtime does), with a
+    /// fresh comment in the PTX so that the driver's own cache cannot answer.
     pub load_ptx_ms: f64,
 }
 
@@ -748,42 +744,28 @@ fn jit_breakdown(ordinal: usize) -> Result<JitBreakdown, OpError> {
         .define("ONE_TILE", "true");
     opts.num_warps = Some(crate::ops::norm::default_fwd_warps(4096));
     let t = Instant::now();
-    let compiled = kgen_core::compile(&file, &opts)
+    let mut compiled = kgen_core::compile(&file, &opts)
         .map_err(|d| OpError::Runtime(kgen_runtime::RuntimeError::Compile(d.render(&file))))?;
     let kgen_compile_ms = t.elapsed().as_secs_f64() * 1e3;
-    fn gpu(d: &Device) -> Result<&kgen_runtime::Gpu, OpError> {
-        d.gpu().ok_or_else(|| {
-            OpError::Runtime(kgen_runtime::RuntimeError::LaunchConfig("not a GPU".into()))
-        })
-    }
-    // A fresh comment per JIT so that the driver's own PTX cache (~/.nv/ComputeCache,
-    // off with CUDA_CACHE_DISABLE=1) cannot answer instead of the JIT.
-    let nonce = |what: &str| {
-        let ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        format!("\n// kgen bench {what} {ns} {}\n", std::process::id())
-    };
-    let mut compiled = compiled;
-    let ptx = compiled.ptx.clone();
-    compiled.ptx = format!("{ptx}{}", nonce("link"));
+    let gpu = dev.gpu().ok_or_else(|| {
+        OpError::Runtime(kgen_runtime::RuntimeError::LaunchConfig("not a GPU".into()))
+    })?;
+    // A fresh comment so that the driver's own PTX cache (~/.nv/ComputeCache, off with
+    // CUDA_CACHE_DISABLE=1) cannot answer instead of the JIT.
+    let ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    compiled.ptx = format!(
+        "{}\n// kgen bench {ns} {}\n",
+        compiled.ptx,
+        std::process::id()
+    );
     let t = Instant::now();
-    let cubin = gpu(&dev)?.jit_to_cubin(&compiled.ptx)?;
-    let link_to_cubin_ms = t.elapsed().as_secs_f64() * 1e3;
-    let t = Instant::now();
-    gpu(&dev)?.load_cubin(&compiled, cubin)?;
-    let load_cubin_ms = t.elapsed().as_secs_f64() * 1e3;
-    // A fresh device: its module map does not hold the module just loaded.
-    let dev2 = Device::cuda_with_disk_cache(ordinal, None)?;
-    compiled.ptx = format!("{ptx}{}", nonce("load"));
-    let t = Instant::now();
-    gpu(&dev2)?.load(&compiled)?;
+    gpu.load(&compiled)?;
     let load_ptx_ms = t.elapsed().as_secs_f64() * 1e3;
     Ok(JitBreakdown {
         kgen_compile_ms,
-        link_to_cubin_ms,
-        load_cubin_ms,
         load_ptx_ms,
     })
 }

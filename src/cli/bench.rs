@@ -60,6 +60,9 @@ pub struct BenchArgs {
     /// (the bench runs this in child processes).
     #[arg(long, hide = true)]
     pub first_launch_probe: bool,
+    /// Internal: the probe's kgen cache directory (kept); default a fresh one, removed.
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub probe_cache_dir: Option<PathBuf>,
 }
 
 /// Fresh processes the first-launch extra runs (the median is judged).
@@ -78,30 +81,41 @@ fn fresh_cache_dir(what: &str) -> PathBuf {
 }
 
 /// `--first-launch-probe`: one first launch in this process, as one JSON line.
-fn first_launch_probe() -> CliResult {
-    let dir = fresh_cache_dir("probe");
+fn first_launch_probe(keep: Option<&PathBuf>) -> CliResult {
+    let dir = keep.cloned().unwrap_or_else(|| fresh_cache_dir("probe"));
     let r = std::fs::create_dir_all(&dir)
         .map_err(|e| e.to_string())
         .and_then(|_| {
             kgen::bench::measure::first_launch_in_this_process(&dir).map_err(|e| e.to_string())
         });
-    let _ = std::fs::remove_dir_all(&dir);
+    if keep.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     let f = r.map_err(CliError::Msg)?;
     say(json!({"first_ms": f.first_ms, "open_ms": f.open_ms}).to_string());
     Ok(())
 }
 
 /// The first launch in `n` fresh processes (this executable with
-/// `--first-launch-probe`, the driver's PTX cache off): first_ms of each.
-fn first_launch_fresh_processes(n: usize) -> Result<Vec<f64>, String> {
+/// `--first-launch-probe`): first_ms of each. `warm_in`: every process shares this kgen
+/// cache directory and the driver's JIT cache is on (what a program's later runs pay);
+/// None: an empty kgen cache each and the driver's JIT cache off (a cold start).
+fn first_launch_fresh_processes(n: usize, warm_in: Option<&PathBuf>) -> Result<Vec<f64>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let o = std::process::Command::new(&exe)
-            .args(["bench", "--first-launch-probe"])
-            .env("CUDA_CACHE_DISABLE", "1")
-            .output()
-            .map_err(|e| e.to_string())?;
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(["bench", "--first-launch-probe"]);
+        match warm_in {
+            Some(dir) => {
+                cmd.arg("--probe-cache-dir").arg(dir);
+                cmd.env_remove("CUDA_CACHE_DISABLE");
+            }
+            None => {
+                cmd.env("CUDA_CACHE_DISABLE", "1");
+            }
+        }
+        let o = cmd.output().map_err(|e| e.to_string())?;
         let text = String::from_utf8_lossy(&o.stdout);
         let v: serde_json::Value = text
             .lines()
@@ -183,7 +197,7 @@ fn spill_report(device: &Device) -> (String, serde_json::Value) {
 
 pub fn bench(a: BenchArgs) -> CliResult {
     if a.first_launch_probe {
-        return first_launch_probe();
+        return first_launch_probe(a.probe_cache_dir.as_ref());
     }
     // A bad peers file is a usage mistake: report it before anything is measured.
     let peers = match &a.peers {
@@ -323,13 +337,19 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 };
                 extra_lines.push(format!(
                     "first launch of {} in a fresh Device (lookup + launch + sync): empty \
-                     disk cache {:.1} ms [{}]; warm disk cache {:.1} ms [{}]; in-memory \
+                     disk cache {:.1} ms [{}]; warm disk cache {:.1} ms [{}; the driver's JIT \
+                     cache {}]; in-memory \
                      hit {:.0} us; opening the device {:.0} ms / {:.0} ms (not included)",
                     f.kernel,
                     f.cold.first_ms,
                     st(&f.cold.stats),
                     f.warm_disk.first_ms,
                     st(&f.warm_disk.stats),
+                    if std::env::var("CUDA_CACHE_DISABLE").is_ok_and(|v| v == "1") {
+                        "off: the PTX is JIT-compiled again"
+                    } else {
+                        "on"
+                    },
                     f.memory_hit_us,
                     f.cold.open_ms,
                     f.warm_disk.open_ms
@@ -337,9 +357,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 let b = &f.breakdown;
                 extra_lines.push(format!(
                     "  cold build pieces, each alone on a fresh device: kgen compile {:.1} ms, \
-                     driver JIT via cuLink (PTX -> cubin) {:.1} ms, load cubin {:.1} ms; \
-                     direct PTX load (JIT without the linker) {:.1} ms",
-                    b.kgen_compile_ms, b.link_to_cubin_ms, b.load_cubin_ms, b.load_ptx_ms,
+                     driver JIT (cuModuleLoadData of the PTX) {:.1} ms",
+                    b.kgen_compile_ms, b.load_ptx_ms,
                 ));
                 extras.insert(
                     "first_launch".into(),
@@ -353,8 +372,6 @@ pub fn bench(a: BenchArgs) -> CliResult {
                            "warm_disk_hits": f.warm_disk.stats.disk_hits,
                            "memory_hit_us": f.memory_hit_us,
                            "kgen_compile_ms": f.breakdown.kgen_compile_ms,
-                           "link_to_cubin_ms": f.breakdown.link_to_cubin_ms,
-                           "load_cubin_ms": f.breakdown.load_cubin_ms,
                            "load_ptx_ms": f.breakdown.load_ptx_ms,
                            "target_ms": FIRST_LAUNCH_TARGET_MS}),
                 );
@@ -368,7 +385,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         // program's first op pays (the driver's JIT start-up too). The target is judged
         // on this one.
         progress("first launch in fresh processes ...");
-        match first_launch_fresh_processes(FRESH_PROCESSES) {
+        match first_launch_fresh_processes(FRESH_PROCESSES, None) {
             Ok(mut ms) => {
                 let each = ms.iter().map(|m| format!("{m:.1}")).collect::<Vec<_>>();
                 let in_order = ms.clone();
@@ -396,6 +413,27 @@ pub fn bench(a: BenchArgs) -> CliResult {
             Err(e) => {
                 extra_lines.push(format!("first launch in a fresh process: ERROR {e}"));
                 extras.insert("first_launch_fresh_process".into(), json!({"error": e}));
+            }
+        }
+        // Later runs of a program: kgen's disk cache and the driver's JIT cache warm (the
+        // first of these processes fills them).
+        progress("first launch in warm fresh processes ...");
+        let dir = fresh_cache_dir("bench-warm");
+        let warm = first_launch_fresh_processes(3, Some(&dir));
+        let _ = std::fs::remove_dir_all(&dir);
+        match warm {
+            Ok(ms) => {
+                let each = ms.iter().map(|m| format!("{m:.1}")).collect::<Vec<_>>();
+                extra_lines.push(format!(
+                    "first launch of the same kernel in fresh processes sharing a kgen cache \
+                     directory, the driver's JIT cache on: {} ms (the first fills the caches)",
+                    each.join(" / ")
+                ));
+                extras.insert("first_launch_warm_processes".into(), json!({"ms": ms}));
+            }
+            Err(e) => {
+                extra_lines.push(format!("first launch in warm fresh processes: ERROR {e}"));
+                extras.insert("first_launch_warm_processes".into(), json!({"error": e}));
             }
         }
         progress("compile times ...");

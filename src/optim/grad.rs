@@ -33,11 +33,14 @@ pub struct GradStatsLaunch {
 
 impl Default for GradStatsLaunch {
     fn default() -> Self {
-        // H100, fp32 GPT-2 grads (124.4M): norm 167 us with 2048 x 4/SM, 184 us with
-        // 1024 x 4/SM; scaling 334 us for any block (the 3.0 TB/s copy rate).
+        // H100, fp32 GPT-2 grads (124.4M), `grad_stats` alone (`kgen run --bench`),
+        // the driver's whole-program JIT (cuModuleLoadData): 2048 x 8 warps x 8/SM 173.9
+        // us, x 4/SM 186.0; 4096 x 16 warps x 4/SM 174.0; 1024 or 2048 x 4 warps x 8/SM
+        // 186.8-187.4 (the relocatable code of the linker path ran 2048 x 8 x 4/SM in
+        // 174.4). Scaling 334 us for any block (the 3.0 TB/s copy rate).
         GradStatsLaunch {
             block: 2048,
-            blocks_per_sm: 4,
+            blocks_per_sm: 8,
             scale_grid: None,
             num_warps: None,
         }
