@@ -211,6 +211,16 @@ mod tests {
     use crate::{compile, Arch, CompileOptions, SourceFile};
 
     #[test]
+    fn the_compiler_fingerprint_is_the_version_and_a_source_hash() {
+        let (version, hash) = crate::COMPILER_FINGERPRINT
+            .split_once('+')
+            .expect("version+hash");
+        assert_eq!(version, crate::COMPILER_VERSION);
+        assert_eq!(hash.len(), 16);
+        assert!(hash.chars().all(|c| c.is_ascii_hexdigit()), "{hash}");
+    }
+
+    #[test]
     fn compiled_kernels_round_trip_through_json_and_unknown_ptx_types_are_refused() {
         let file = SourceFile::new(
             "t.kg",
