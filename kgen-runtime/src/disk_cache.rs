@@ -19,6 +19,8 @@
 //! specialization's, or the PTX does not declare it) is `Lookup::Rejected` (and
 //! deleted). Writes go to a temporary file renamed into place, so readers never see half
 //! a file. Every failure (unwritable directory, full disk) is reported, never fatal.
+//! The previous format's entries (`*.kgbin`: the linker's cubins) are deleted on the
+//! first store into a directory.
 //!
 //! Pure: no driver calls; unit-tested on any machine.
 
@@ -134,6 +136,7 @@ impl DiskCache {
     /// Stores an entry atomically. Errors are returned for the caller to report.
     pub fn store(&self, key: &CacheKey, kernel: &CompiledKernel) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
+        self.remove_old_format_entries();
         let body = serde_json::to_vec(kernel).map_err(std::io::Error::other)?;
         let header = Header {
             key: key.hash.clone(),
@@ -154,6 +157,33 @@ impl DiskCache {
             let _ = std::fs::remove_file(&tmp);
         }
         r
+    }
+}
+
+/// The extension of the previous format's entries (the linker's cubins, format 1).
+const OLD_FORMAT_EXTENSION: &str = "kgbin";
+
+impl DiskCache {
+    /// Deletes the previous format's entries in this directory, which nothing reads any
+    /// more: once per directory and process, on the first store.
+    fn remove_old_format_entries(&self) {
+        static SWEPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+        let Ok(mut swept) = SWEPT.lock() else {
+            return;
+        };
+        if swept.contains(&self.dir) {
+            return;
+        }
+        swept.push(self.dir.clone());
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().and_then(|x| x.to_str()) == Some(OLD_FORMAT_EXTENSION) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
     }
 }
 
@@ -232,6 +262,22 @@ mod tests {
         let compiled = kernel(64);
         c.store(&k, &compiled).unwrap();
         assert_eq!(c.load(&k), Lookup::Hit(Box::new(compiled)));
+    }
+
+    #[test]
+    fn the_first_store_removes_the_previous_formats_entries() {
+        let dir = temp_dir("old");
+        std::fs::create_dir_all(&dir).unwrap();
+        let old = dir.join("0123abcd.kgbin");
+        let other = dir.join("notes.txt");
+        std::fs::write(&old, b"KGENCUBIN1\n{}\n").unwrap();
+        std::fs::write(&other, b"not ours").unwrap();
+        let c = DiskCache::new(&dir);
+        let k = key("kernel o() {}");
+        c.store(&k, &kernel(64)).unwrap();
+        assert!(!old.exists(), "a format-1 entry is removed");
+        assert!(other.exists(), "other files stay");
+        assert!(matches!(c.load(&k), Lookup::Hit(_)));
     }
 
     #[test]
