@@ -122,15 +122,17 @@ impl DiskCache {
         };
         match parse(&bytes, key) {
             Ok(k) => Lookup::Hit(Box::new(k)),
-            Err(why) => self.reject(key, why),
+            Err(why) => {
+                self.remove(key);
+                Lookup::Rejected(why)
+            }
         }
     }
 
-    /// Removes `key`'s entry and says why: for an entry that parsed but then failed
-    /// (the driver refused its PTX), as for one that did not parse.
-    pub fn reject(&self, key: &CacheKey, why: String) -> Lookup {
+    /// Removes `key`'s entry (if any): one that did not parse, or one the caller could
+    /// not use (the driver refused its PTX).
+    pub fn remove(&self, key: &CacheKey) {
         let _ = std::fs::remove_file(self.path(key));
-        Lookup::Rejected(why)
     }
 
     /// Stores an entry atomically. Errors are returned for the caller to report.
@@ -351,13 +353,10 @@ mod tests {
         // Another compiler build: another key, so a miss (its entry is never read).
         let other = CacheKey::new("kernel b() {}", "k<T=f32>;warps=4", "sm_90a", "0.1.0+ffff");
         assert_eq!(c.load(&other), Lookup::Miss);
-        // Rebuilt after a rejection; a rejection the caller reports removes the entry.
+        // Rebuilt after a rejection; an entry the caller could not use is removed.
         c.store(&k, &compiled).unwrap();
         assert_eq!(c.load(&k), Lookup::Hit(Box::new(compiled)));
-        assert!(matches!(
-            c.reject(&k, "the driver refused it".into()),
-            Lookup::Rejected(_)
-        ));
+        c.remove(&k);
         assert_eq!(c.load(&k), Lookup::Miss);
     }
 

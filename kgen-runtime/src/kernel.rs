@@ -132,11 +132,10 @@ pub fn spec_key(opts: &CompileOptions) -> String {
     )
 }
 
-/// Counts and reports a disk entry that could not be used (it is removed; the kernel is
-/// rebuilt).
-fn report_rejected(cache: &KernelCache, disk: &DiskCache, key: &CacheKey, what: &str, why: String) {
+/// Counts and reports a disk entry that could not be used (already removed; the kernel
+/// is rebuilt).
+fn report_rejected(cache: &KernelCache, disk: &DiskCache, what: &str, why: String) {
     cache.disk_rejected.fetch_add(1, Ordering::Relaxed);
-    let _ = disk.reject(key, why.clone());
     eprintln!(
         "kgen: rebuilding the cache entry of `{what}` in {}: {why}",
         disk.dir().display()
@@ -182,12 +181,13 @@ pub(crate) fn get_or_build(
                         Some((*k, l))
                     }
                     Err(e) => {
-                        report_rejected(cache, disk, &key, &k.entry, e.to_string());
+                        disk.remove(&key);
+                        report_rejected(cache, disk, &k.entry, e.to_string());
                         None
                     }
                 },
                 Some((disk, Lookup::Rejected(why))) => {
-                    report_rejected(cache, disk, &key, &spec, why);
+                    report_rejected(cache, disk, &spec, why);
                     None
                 }
                 Some((_, Lookup::Miss)) | None => None,
