@@ -53,13 +53,18 @@ if [ "${NO_COMPILE:-0}" != 1 ]; then
         --json "$OUT/peers_compile.json" >"$OUT/torch_compile.log" 2>&1
     compile_rc=$?
 fi
-# One peers file: pass 1's records, then pass 2's compile records.
+# The host cost of a launch from the peers (CUDA C++ if nvcc is here, Triton, torch,
+# cupy): kgen bench prints them beside its own launch cost.
+timeout 120 python3 bench/launch_peers.py --json "$OUT/launch_peers.json" \
+    >"$OUT/launch_peers.log" 2>&1
+# One peers file: pass 1's records, pass 2's compile records, the launch peers.
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 records = []
 for name, keep in (("peers_eager.json", lambda r: True),
-                   ("peers_compile.json", lambda r: r.get("peer") == "compile")):
+                   ("peers_compile.json", lambda r: r.get("peer") == "compile"),
+                   ("launch_peers.json", lambda r: True)):
     path = os.path.join(out, name)
     try:
         with open(path, encoding="utf-8") as f:
@@ -89,6 +94,8 @@ echo "== kgen bench progress / errors (tail) =="
 tail -n 8 "$OUT/kgen.err"
 echo "== same-size copy floors (bench/copy_floor.py) =="
 cat "$OUT/copy_floor.log"
+echo "== launch cost from the peers on this host (bench/launch_peers.py) =="
+cat "$OUT/launch_peers.log"
 echo "== kgen bench (full log $OUT/kgen.log): rc=$kgen_rc =="
 cat "$OUT/kgen.log"
 echo "gpu-bench: torch eager rc=$eager_rc, torch compile rc=$compile_rc, kgen rc=$kgen_rc," \

@@ -2,8 +2,9 @@
 //!
 //! A caller (an op) lists candidates (tile sizes, warps, ...) and a shape key (e.g.
 //! `"rows=16384,cols=4096,T=bf16"`). The first time a (kernel, GPU, arch, compiler
-//! version, shape key) is seen, [`Autotuner::pick`] times every candidate (warm-up, then
-//! the median of several timed runs, each through the caller's closure, which launches
+//! version, shape key) is seen, [`Autotuner::pick`] times every candidate (warm-up one
+//! candidate after another, then timed rounds that run every candidate once each, in
+//! turn; the median of its rounds, each through the caller's closure, which launches
 //! with that candidate and returns milliseconds from CUDA events), keeps the fastest in
 //! memory and in `<KGEN_CACHE_DIR>/autotune.json`, and returns its index. Later calls,
 //! in this process or the next, return the stored choice without timing anything.
@@ -20,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 /// Timed runs per candidate (after `WARMUP` untimed ones).
-pub const RUNS: usize = 7;
+pub const RUNS: usize = 9;
 pub const WARMUP: usize = 2;
 
 /// The tuner: choices in memory, backed by a JSON file.
@@ -108,40 +109,54 @@ impl Autotuner {
             }
         }
         let verbose = labels.len() > 3;
-        let mut best: Option<(f32, usize)> = None;
-        for (i, label) in labels.iter().enumerate() {
-            let mut times = Vec::with_capacity(RUNS);
-            let mut failed = None;
-            for r in 0..WARMUP + RUNS {
+        let n = labels.len();
+        let say = |i: usize, what: &dyn std::fmt::Display| {
+            if verbose {
+                eprintln!(
+                    "autotune {kernel} [{shape_key}] {}/{n}: {}: {what}",
+                    i + 1,
+                    labels[i]
+                );
+            }
+        };
+        // Warm-up, one candidate after another: its first call builds and JIT-compiles
+        // it (the slow part of a sweep, so progress is printed here).
+        let mut live: Vec<usize> = Vec::with_capacity(n);
+        for i in 0..n {
+            match (0..WARMUP).try_for_each(|_| time(i).map(drop)) {
+                Ok(()) => {
+                    live.push(i);
+                    say(i, &"built, warmed up");
+                }
+                Err(e) => say(i, &format_args!("skipped ({e})")),
+            }
+        }
+        // Timed rounds, every live candidate once per round in turn: a drift of the GPU's
+        // speed during the sweep (clocks, temperature, a neighbour) then weighs on all of
+        // them alike instead of on whichever came last.
+        let mut times: Vec<Vec<f32>> = vec![Vec::with_capacity(RUNS); n];
+        for _ in 0..RUNS {
+            let mut failed = Vec::new();
+            for &i in &live {
                 match time(i) {
-                    Ok(ms) if r >= WARMUP => times.push(ms),
-                    Ok(_) => {}
+                    Ok(ms) => times[i].push(ms),
                     Err(e) => {
-                        failed = Some(e);
-                        break;
+                        say(i, &format_args!("skipped ({e})"));
+                        failed.push(i);
                     }
                 }
             }
-            if let Some(e) = failed {
-                if verbose {
-                    eprintln!(
-                        "autotune {kernel} [{shape_key}] {}/{}: {label}: skipped ({e})",
-                        i + 1,
-                        labels.len()
-                    );
-                }
+            live.retain(|i| !failed.contains(i));
+        }
+        let mut best: Option<(f32, usize)> = None;
+        for &i in &live {
+            let t = &mut times[i];
+            if t.is_empty() {
                 continue;
             }
-            times.sort_by(f32::total_cmp);
-            let median = times[times.len() / 2];
-            if verbose {
-                eprintln!(
-                    "autotune {kernel} [{shape_key}] {}/{}: {label}: {:.1} us",
-                    i + 1,
-                    labels.len(),
-                    median * 1e3
-                );
-            }
+            t.sort_by(f32::total_cmp);
+            let median = t[t.len() / 2];
+            say(i, &format_args!("{:.1} us", median * 1e3));
             if best.is_none_or(|(b, _)| median < b) {
                 best = Some((median, i));
             }
@@ -206,6 +221,52 @@ mod tests {
         });
         assert_eq!(i3, 3);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn timed_rounds_interleave_the_candidates() {
+        let t = Autotuner::new(None, true);
+        let mut order = Vec::new();
+        t.pick_for_key("k||||s", &labels(3), |i| {
+            order.push(i);
+            Ok(1.0)
+        });
+        // Warm-up one candidate after another, then rounds of 0, 1, 2.
+        let warm: Vec<usize> = (0..3).flat_map(|i| [i; WARMUP]).collect();
+        assert_eq!(order[..3 * WARMUP], warm[..]);
+        let rounds: Vec<usize> = (0..RUNS).flat_map(|_| 0..3).collect();
+        assert_eq!(order[3 * WARMUP..], rounds[..]);
+    }
+
+    #[test]
+    fn a_drift_during_the_sweep_does_not_pick_the_slower_candidate() {
+        // Candidate 1 is 5% faster, but every call is 1% slower than the one before (the
+        // GPU warming up): timed one after the other, candidate 0's runs would all come
+        // first and look faster.
+        let t = Autotuner::new(None, true);
+        let mut calls = 0;
+        let i = t.pick_for_key("k||||s", &labels(2), |i| {
+            calls += 1;
+            Ok([1.05f32, 1.0][i] + 0.01 * calls as f32)
+        });
+        assert_eq!(i, 1);
+    }
+
+    #[test]
+    fn a_candidate_failing_in_a_timed_round_is_dropped() {
+        let t = Autotuner::new(None, true);
+        let mut calls = [0usize; 3];
+        let i = t.pick_for_key("k||||s", &labels(3), |i| {
+            calls[i] += 1;
+            // Candidate 1 is the fastest but fails on its 4th call (a timed round).
+            if i == 1 && calls[1] > WARMUP + 1 {
+                Err(RuntimeError::LaunchConfig("lost".into()))
+            } else {
+                Ok([3.0f32, 1.0, 2.0][i])
+            }
+        });
+        assert_eq!(i, 2);
+        assert_eq!(calls[1], WARMUP + 2, "not called again after failing");
     }
 
     #[test]

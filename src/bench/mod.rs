@@ -469,6 +469,22 @@ pub fn parse_peers(text: &str) -> Result<Vec<PeerRecord>, String> {
     Ok(out)
 }
 
+/// The `workload` of the launch-cost peers' records (`bench/launch_peers.py`): the host
+/// cost of one launch from CUDA C++, Triton, torch and cupy on the bench's host.
+pub const LAUNCH_PEER_WORKLOAD: &str = "launch_host";
+
+/// The launch-cost peers among `peers` as (peer, median host µs per launch), fastest
+/// first; records without a median (a failed peer) are left out.
+pub fn launch_peers(peers: &[PeerRecord]) -> Vec<(String, f64)> {
+    let mut v: Vec<(String, f64)> = peers
+        .iter()
+        .filter(|r| r.workload == LAUNCH_PEER_WORKLOAD)
+        .filter_map(|r| Some((r.peer.clone(), r.median_us?)))
+        .collect();
+    v.sort_by(|a, b| a.1.total_cmp(&b.1));
+    v
+}
+
 /// One line of the report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {

@@ -180,6 +180,25 @@ fn peers_parse_and_reject_what_is_not_a_peer_file() {
     assert_eq!(parse_peers("[]").unwrap(), vec![]);
 }
 
+#[test]
+fn launch_peers_are_picked_out_fastest_first_without_failed_ones() {
+    let text = r#"[
+ {"workload": "launch_host", "peer": "triton", "median_us": 12.8, "what": "Triton"},
+ {"workload": "rmsnorm_fwd_bf16_16384x768", "peer": "compile", "median_us": 23.0},
+ {"workload": "launch_host", "peer": "cuda_cpp_cuLaunchKernel", "median_us": 3.79},
+ {"workload": "launch_host", "peer": "cupy_rawkernel", "median_us": null, "error": "x"}
+]"#;
+    let p = parse_peers(text).unwrap();
+    assert_eq!(
+        super::launch_peers(&p),
+        vec![
+            ("cuda_cpp_cuLaunchKernel".to_string(), 3.79),
+            ("triton".to_string(), 12.8)
+        ]
+    );
+    assert!(super::launch_peers(&parse_peers(PEERS).unwrap()).is_empty());
+}
+
 fn row(name: &str, bytes: u64, target: Option<f64>, result: Result<f64, &str>) -> Row {
     Row {
         workload: name.into(),

@@ -12,8 +12,8 @@ use super::common::{say, CliError, CliResult};
 use clap::Args;
 use kgen::bench::measure::{compile_times, first_launches, launch_cost, run_workload, Timer};
 use kgen::bench::{
-    format_table, gpt2_param_shapes, merge_peers, parse_peers, rows_json, selected, to_csv,
-    total_numel, workloads, PeerRecord, Row,
+    format_table, gpt2_param_shapes, launch_peers, merge_peers, parse_peers, rows_json, selected,
+    to_csv, total_numel, workloads, PeerRecord, Row, LAUNCH_PEER_WORKLOAD,
 };
 use kgen::ops::Ops;
 use kgen::runtime::Device;
@@ -293,7 +293,21 @@ pub fn bench(a: BenchArgs) -> CliResult {
                         )
                     })
                     .unwrap_or_default();
-                extra_lines.push(format!(
+                let peer_launches = peers.as_deref().map(launch_peers).unwrap_or_default();
+                let peer_text = if peer_launches.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; the peers on this host, same method (bench/launch_peers.py): {}",
+                        peer_launches
+                            .iter()
+                            .map(|(p, us)| format!("{p} {us:.2} us"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                extra_lines.push(
+                    format!(
                     "launch cost (host, GPU kept busy; median of {} rounds of {} launches of a \
                      1-block kernel): Device::launch {:.2} us; bare cuLaunchKernel {bare}; \
                      Ops::relu_into {:.2} us; Ops::rmsnorm_backward_into (2 launches) {:.2} us \
@@ -310,7 +324,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
                     } else {
                         "MISS"
                     }
-                ));
+                ) + &peer_text,
+                );
                 extras.insert(
                     "launch_cost".into(),
                     json!({"launches": c.launches, "rounds": c.rounds,
@@ -318,7 +333,10 @@ pub fn bench(a: BenchArgs) -> CliResult {
                            "op_us": c.op_us, "two_launch_op_us": c.two_launch_op_us,
                            "target_us": LAUNCH_TARGET_US,
                            "graph_launch_us": c.graph.map(|g| g.0),
-                           "graph_us_per_kernel": c.graph.map(|g| g.1)}),
+                           "graph_us_per_kernel": c.graph.map(|g| g.1),
+                           "peers_us": peer_launches.iter()
+                               .map(|(p, us)| (p.clone(), json!(us)))
+                               .collect::<serde_json::Map<_, _>>()}),
                 );
             }
             Err(e) => {
@@ -512,7 +530,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         let known: Vec<&str> = rows.iter().map(|r| r.workload.as_str()).collect();
         let other = p
             .iter()
-            .filter(|r| !known.contains(&r.workload.as_str()))
+            .filter(|r| !known.contains(&r.workload.as_str()) && r.workload != LAUNCH_PEER_WORKLOAD)
             .count();
         if other > 0 {
             say(format!(
