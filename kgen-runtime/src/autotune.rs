@@ -17,8 +17,11 @@
 use crate::device::Device;
 use crate::error::RuntimeError;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+/// The file, in the cache directory, that holds the choices.
+pub const TUNING_FILE: &str = "autotune.json";
 
 /// Timed runs per candidate (after `WARMUP` untimed ones).
 pub const RUNS: usize = 9;
@@ -36,17 +39,13 @@ impl Autotuner {
     /// unless `KGEN_AUTOTUNE=0`.
     pub fn from_env() -> Autotuner {
         let enabled = !std::env::var("KGEN_AUTOTUNE").is_ok_and(|v| v == "0" || v == "off");
-        let file = crate::disk_cache::DiskCache::from_env().map(|c| c.dir().join("autotune.json"));
+        let file = crate::disk_cache::DiskCache::from_env().map(|c| c.dir().join(TUNING_FILE));
         Autotuner::new(file, enabled)
     }
 
     /// A tuner storing its choices in `file` (none: memory only).
     pub fn new(file: Option<PathBuf>, enabled: bool) -> Autotuner {
-        let choices = file
-            .as_ref()
-            .and_then(|f| std::fs::read(f).ok())
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        let choices = file.as_deref().map(read_choices).unwrap_or_default();
         Autotuner {
             file,
             enabled,
@@ -167,15 +166,8 @@ impl Autotuner {
         if let Ok(mut c) = self.choices.lock() {
             c.insert(key, labels[i].clone());
             if let Some(f) = &self.file {
-                if let Some(dir) = f.parent() {
-                    let _ = std::fs::create_dir_all(dir);
-                }
-                let tmp = f.with_extension(format!("json.{}.tmp", std::process::id()));
-                if let Ok(bytes) = serde_json::to_vec_pretty(&*c) {
-                    if std::fs::write(&tmp, bytes).is_ok() {
-                        let _ = std::fs::rename(&tmp, f);
-                    }
-                }
+                // Best effort: the choice is kept in memory either way.
+                let _ = write_choices(f, &c);
             }
         }
         i
@@ -185,6 +177,56 @@ impl Autotuner {
     pub fn stored(&self, key: &str) -> Option<String> {
         self.choices.lock().ok().and_then(|c| c.get(key).cloned())
     }
+}
+
+/// The choices stored in a tuning file, by compiler build: (those of the build with
+/// fingerprint `compiler`, those of others). A missing or unreadable file holds none.
+pub fn stored_choices(file: &Path, compiler: &str) -> (usize, usize) {
+    let choices = read_choices(file);
+    let mine = choices.keys().filter(|k| made_by(k, compiler)).count();
+    (mine, choices.len() - mine)
+}
+
+/// Removes other compiler builds' choices from a tuning file (a new build tunes again
+/// anyway: its keys differ); returns how many it removed.
+pub fn prune_choices(file: &Path, compiler: &str) -> std::io::Result<usize> {
+    let mut choices = read_choices(file);
+    let before = choices.len();
+    choices.retain(|k, _| made_by(k, compiler));
+    let removed = before - choices.len();
+    if removed > 0 {
+        write_choices(file, &choices)?;
+    }
+    Ok(removed)
+}
+
+/// Whether a tuning key (`kernel|gpu|arch|kgen <fingerprint>|shape`) is `compiler`'s.
+fn made_by(key: &str, compiler: &str) -> bool {
+    let field = format!("kgen {compiler}");
+    key.split('|').any(|f| f == field)
+}
+
+fn read_choices(file: &Path) -> BTreeMap<String, String> {
+    std::fs::read(file)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Writes the choices through a temporary file renamed into place, so a reader never
+/// sees half a file.
+fn write_choices(file: &Path, choices: &BTreeMap<String, String>) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = file.with_extension(format!("json.{}.tmp", std::process::id()));
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec_pretty(choices).map_err(std::io::Error::other)?,
+    )?;
+    std::fs::rename(&tmp, file).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
 
 #[cfg(test)]
@@ -267,6 +309,40 @@ mod tests {
         });
         assert_eq!(i, 2);
         assert_eq!(calls[1], WARMUP + 2, "not called again after failing");
+    }
+
+    #[test]
+    fn other_builds_choices_are_counted_and_pruned() {
+        let dir = std::env::temp_dir().join(format!("kgen-tune-prune-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = dir.join(TUNING_FILE);
+        assert_eq!(
+            stored_choices(&file, "0.1.0+aaaa"),
+            (0, 0),
+            "no file: no choices"
+        );
+        assert_eq!(prune_choices(&file, "0.1.0+aaaa").unwrap(), 0);
+        let tuner = Autotuner::new(Some(file.clone()), true);
+        for (compiler, shape) in [
+            ("0.1.0+aaaa", "n=1"),
+            ("0.1.0+aaaa", "n=2"),
+            ("0.1.0+bbbb", "n=1"),
+        ] {
+            let key = format!("rmsnorm|NVIDIA H100|sm_90a|kgen {compiler}|{shape}");
+            assert_eq!(
+                tuner.pick_for_key(&key, &labels(2), |i| Ok([2.0, 1.0][i])),
+                1
+            );
+        }
+        assert_eq!(stored_choices(&file, "0.1.0+aaaa"), (2, 1));
+        assert_eq!(stored_choices(&file, "0.1.0+bbbb"), (1, 2));
+        assert_eq!(prune_choices(&file, "0.1.0+aaaa").unwrap(), 1);
+        assert_eq!(stored_choices(&file, "0.1.0+aaaa"), (2, 0));
+        // The kept choices still answer without timing.
+        let again = Autotuner::new(Some(file.clone()), true);
+        let key = "rmsnorm|NVIDIA H100|sm_90a|kgen 0.1.0+aaaa|n=2";
+        assert_eq!(again.pick_for_key(key, &labels(2), |_| panic!("timed")), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -189,6 +189,150 @@ impl DiskCache {
     }
 }
 
+/// A number of files and their size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileCount {
+    pub files: usize,
+    pub bytes: u64,
+}
+
+impl FileCount {
+    fn add(&mut self, bytes: u64) {
+        self.files += 1;
+        self.bytes += bytes;
+    }
+}
+
+/// What a cache directory holds, by whether this compiler build can use it
+/// ([`DiskCache::inventory`]), or what [`DiskCache::prune`] / [`DiskCache::clear`] removed.
+/// Files that are not kgen's (any other name) are neither counted nor touched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inventory {
+    /// Entries of this compiler build and entry format: the ones lookups can hit.
+    pub current: FileCount,
+    /// Well-formed entries of another compiler build or format version. This build never
+    /// reads them (their key differs); another build sharing the directory may.
+    pub other_builds: FileCount,
+    /// Files no build reads: entries whose magic or header does not parse, the previous
+    /// format's `*.kgbin`, and temporary files an interrupted write left behind.
+    pub unusable: FileCount,
+}
+
+/// A temporary file younger than this may belong to a write in progress in another
+/// process: `prune` leaves it alone.
+const TEMP_FILE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How one file of a cache directory counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileClass {
+    Current,
+    OtherBuild,
+    Unusable,
+    /// A temporary file of a write (kernel entry or tuning file).
+    Temporary,
+    /// Not kgen's kernel cache: left alone (`autotune.json` is the tuner's).
+    Foreign,
+}
+
+fn classify(name: &str, path: &Path, compiler: &str) -> FileClass {
+    if name.ends_with(".tmp") && (name.starts_with('.') || name.starts_with("autotune.json.")) {
+        return FileClass::Temporary;
+    }
+    if name.ends_with(&format!(".{OLD_FORMAT_EXTENSION}")) {
+        return FileClass::Unusable;
+    }
+    if !name.ends_with(".kgk") {
+        return FileClass::Foreign;
+    }
+    let Some(description) = std::fs::read(path).ok().and_then(|b| entry_description(&b)) else {
+        return FileClass::Unusable;
+    };
+    if description.starts_with(&format!("format={FORMAT_VERSION};kgen={compiler};")) {
+        FileClass::Current
+    } else {
+        FileClass::OtherBuild
+    }
+}
+
+/// The key description in an entry's header, if the magic and header parse (the body is
+/// checked only by a lookup).
+fn entry_description(bytes: &[u8]) -> Option<String> {
+    let rest = bytes.strip_prefix(MAGIC)?;
+    let nl = rest.iter().position(|&b| b == b'\n')?;
+    let header: Header = serde_json::from_slice(&rest[..nl]).ok()?;
+    Some(header.description)
+}
+
+impl DiskCache {
+    /// Counts the directory's entries by whether the compiler build with fingerprint
+    /// `compiler` (`kgen_core::COMPILER_FINGERPRINT`) can use them. A missing directory
+    /// is an empty cache.
+    pub fn inventory(&self, compiler: &str) -> std::io::Result<Inventory> {
+        self.sweep(compiler, Sweep::Count)
+    }
+
+    /// Removes what the build `compiler` cannot use: other builds' entries, unusable
+    /// files, and temporary files older than ten minutes. Returns what it removed.
+    pub fn prune(&self, compiler: &str) -> std::io::Result<Inventory> {
+        self.sweep(compiler, Sweep::Prune)
+    }
+
+    /// Removes every kernel entry (any build), unusable and temporary file. Other files,
+    /// the tuner's `autotune.json` among them, stay. Returns what it removed, counted as
+    /// [`DiskCache::inventory`] would for `compiler`.
+    pub fn clear(&self, compiler: &str) -> std::io::Result<Inventory> {
+        self.sweep(compiler, Sweep::Clear)
+    }
+
+    /// Walks the directory once: each kgen file is classified, then counted (`Count`) or
+    /// removed and counted if removed.
+    fn sweep(&self, compiler: &str, sweep: Sweep) -> std::io::Result<Inventory> {
+        let mut inv = Inventory::default();
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(inv),
+            Err(e) => return Err(e),
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let Ok(meta) = e.metadata() else { continue };
+            if !meta.is_file() {
+                continue;
+            }
+            let class = classify(name, &path, compiler);
+            let count = match (sweep, class) {
+                (_, FileClass::Foreign) => false,
+                (Sweep::Count, _) => true,
+                (Sweep::Prune, FileClass::Current) => false,
+                (Sweep::Prune, FileClass::Temporary) => {
+                    let age = meta.modified().ok().and_then(|m| m.elapsed().ok());
+                    age.is_some_and(|a| a >= TEMP_FILE_GRACE) && std::fs::remove_file(&path).is_ok()
+                }
+                (Sweep::Prune | Sweep::Clear, _) => std::fs::remove_file(&path).is_ok(),
+            };
+            if count {
+                match class {
+                    FileClass::Current => inv.current.add(meta.len()),
+                    FileClass::OtherBuild => inv.other_builds.add(meta.len()),
+                    _ => inv.unusable.add(meta.len()),
+                }
+            }
+        }
+        Ok(inv)
+    }
+}
+
+/// What [`DiskCache::sweep`] does with the files it classifies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sweep {
+    Count,
+    Prune,
+    Clear,
+}
+
 fn parse(bytes: &[u8], key: &CacheKey) -> Result<CompiledKernel, String> {
     let rest = bytes
         .strip_prefix(MAGIC)
@@ -227,6 +371,7 @@ fn parse(bytes: &[u8], key: &CacheKey) -> Result<CompiledKernel, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::autotune::TUNING_FILE as TUNING_FILE_NAME;
     use kgen_core::{compile, Arch, CompileOptions, SourceFile};
 
     fn temp_dir(tag: &str) -> PathBuf {
@@ -358,6 +503,94 @@ mod tests {
         assert_eq!(c.load(&k), Lookup::Hit(Box::new(compiled)));
         c.remove(&k);
         assert_eq!(c.load(&k), Lookup::Miss);
+    }
+
+    #[test]
+    fn inventory_prune_and_clear_sort_entries_by_compiler_build() {
+        let dir = temp_dir("prune");
+        let c = DiskCache::new(&dir);
+        let (this, other) = ("0.1.0+aaaa", "0.1.0+bbbb");
+        assert_eq!(
+            c.inventory(this).unwrap(),
+            Inventory::default(),
+            "no directory yet"
+        );
+        let at = |src: &str, compiler: &str| {
+            let k = CacheKey::new(src, "k<T=f32>;warps=4", "sm_90a", compiler);
+            c.store(&k, &kernel(64)).unwrap();
+            k
+        };
+        let mine = [at("kernel a() {}", this), at("kernel b() {}", this)];
+        let theirs = at("kernel a() {}", other);
+        std::fs::write(dir.join("0badc0de.kgk"), b"not an entry").unwrap();
+        std::fs::write(dir.join("0123.kgbin"), b"KGENCUBIN1\n").unwrap();
+        let fresh_tmp = dir.join(format!(".{}.999.tmp", mine[0].hash));
+        std::fs::write(&fresh_tmp, b"half a write").unwrap();
+        let stale_tmp = dir.join(format!(".{}.998.tmp", mine[1].hash));
+        std::fs::write(&stale_tmp, b"left by a crash").unwrap();
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&stale_tmp)
+            .and_then(|f| f.set_modified(hour_ago))
+            .unwrap();
+        std::fs::write(dir.join(TUNING_FILE_NAME), b"{}").unwrap();
+        std::fs::write(dir.join("notes.txt"), b"not ours").unwrap();
+        let size = |k: &CacheKey| std::fs::metadata(c.path(k)).unwrap().len();
+
+        let inv = c.inventory(this).unwrap();
+        assert_eq!(inv.current.files, 2);
+        assert_eq!(inv.current.bytes, size(&mine[0]) + size(&mine[1]));
+        assert_eq!(
+            inv.other_builds,
+            FileCount {
+                files: 1,
+                bytes: size(&theirs)
+            }
+        );
+        assert_eq!(
+            inv.unusable.files, 4,
+            "bad magic, the old format, two temporary files"
+        );
+        // The other build sees the same files the other way round.
+        let inv_other = c.inventory(other).unwrap();
+        assert_eq!(
+            (inv_other.current.files, inv_other.other_builds.files),
+            (1, 2)
+        );
+
+        let removed = c.prune(this).unwrap();
+        assert_eq!(removed.current, FileCount::default());
+        assert_eq!(removed.other_builds.files, 1);
+        assert_eq!(
+            removed.unusable.files, 3,
+            "a fresh temporary file may be a write in progress"
+        );
+        assert!(fresh_tmp.exists() && !stale_tmp.exists());
+        assert!(
+            matches!(c.load(&mine[0]), Lookup::Hit(_)),
+            "this build's entries stay"
+        );
+        assert_eq!(c.load(&theirs), Lookup::Miss);
+        let inv = c.inventory(this).unwrap();
+        assert_eq!(
+            (
+                inv.current.files,
+                inv.other_builds.files,
+                inv.unusable.files
+            ),
+            (2, 0, 1)
+        );
+
+        let removed = c.clear(this).unwrap();
+        assert_eq!(
+            (removed.current.files, removed.unusable.files),
+            (2, 1),
+            "clear counts by class too"
+        );
+        assert_eq!(c.inventory(this).unwrap(), Inventory::default());
+        assert!(dir.join(TUNING_FILE_NAME).exists() && dir.join("notes.txt").exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -59,7 +59,7 @@ mod upload;
 mod validate;
 
 pub use device::{Device, Stream};
-pub use disk_cache::{CacheKey, DiskCache, Lookup};
+pub use disk_cache::{CacheKey, DiskCache, FileCount, Inventory, Lookup};
 pub use error::{ArgError, RuntimeError};
 pub use gpu::{check_grid, driver_present, DeviceInfo, Gpu, LoadedKernel, RunStats};
 pub use graph::Graph;

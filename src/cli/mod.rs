@@ -3,6 +3,7 @@
 //! internal error, without a backtrace.
 
 mod bench;
+mod cache;
 mod common;
 mod compile;
 mod run;
@@ -28,7 +29,8 @@ use std::path::PathBuf;
         kgen run kernels-src/softmax.kg --grid 1000 --arg x=1000x4097 --arg y=1000x4097\n  \
         kgen selftest [--gpu] [--full] [--filter softmax]\n  \
         kgen train [--steps N] [--no-gpu]     (also what `kgen` alone runs)\n  \
-        kgen bench [--filter rmsnorm] [--peers peers.json]"
+        kgen bench [--filter rmsnorm] [--peers peers.json]\n  \
+        kgen cache [info|prune|clear]"
 )]
 struct Cli {
     /// Without a command: `kgen train` (the end-to-end demo).
@@ -56,6 +58,9 @@ enum Command {
     /// Train a small MLP block (rmsnorm, SwiGLU, cross-entropy, AdamW) with kgen ops only,
     /// forward and backward, printing the loss; on the GPU, or the interpreter without one.
     Train(TrainArgs),
+    /// Show the on-disk caches (compiled kernels, tuning choices) by compiler build;
+    /// `prune` removes what this build cannot use, `clear` everything.
+    Cache(cache::CacheArgs),
 }
 
 /// What to compile: the specialization options shared by every subcommand.
@@ -200,6 +205,7 @@ pub fn main() -> i32 {
         Command::Selftest(a) => selftest::selftest(a),
         Command::Bench(a) => bench::bench(a),
         Command::Train(a) => train::run(a),
+        Command::Cache(a) => cache::cache(a),
     });
     match result {
         Ok(Ok(())) => 0,
@@ -231,6 +237,19 @@ mod tests {
         };
         assert_eq!((a.steps, a.no_gpu), (Some(5), true));
         assert!(Cli::try_parse_from(["kgen", "train", "--steps", "0"]).is_err());
+    }
+
+    #[test]
+    fn cache_defaults_to_info_and_takes_prune_and_clear() {
+        let action = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
+            Ok(Some(Command::Cache(a))) => Some(a.action),
+            _ => None,
+        };
+        use cache::CacheAction::*;
+        assert_eq!(action(&["kgen", "cache"]), Some(Info));
+        assert_eq!(action(&["kgen", "cache", "prune"]), Some(Prune));
+        assert_eq!(action(&["kgen", "cache", "clear"]), Some(Clear));
+        assert_eq!(action(&["kgen", "cache", "purge"]), None);
     }
 
     #[test]
