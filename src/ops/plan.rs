@@ -141,7 +141,7 @@ impl Ops {
         // Every timed run starts with an empty L2, as in `kgen bench` (and triton's
         // do_bench): candidates are ranked on inputs read from memory. Timed back to
         // back, part of the inputs stays in L2 from the run before, which ranked the
-        // 4096-wide norms' candidates unlike the bench (docs/PERFORMANCE.md). The buffer
+        // 4096-wide norms' candidates unlike the bench (docs/history/op-library.md). The buffer
         // is made at the first timed run (none when the tuner has a stored answer);
         // without memory for it, the runs are timed without it.
         let mut flush: Option<Option<Tensor>> = None;
@@ -274,7 +274,7 @@ impl Ops {
 /// Builds (compiles and loads) candidates `0..n` at once, one thread each: the driver's
 /// PTX JIT runs in parallel across threads, and a candidate's first timed run would
 /// otherwise wait for its own. On an H100 host five `rmsnorm` candidates took 257–367 ms
-/// one after another and 104–109 ms at once (docs/PERFORMANCE.md). A build that fails
+/// one after another and 104–109 ms at once (docs/history/op-library.md). A build that fails
 /// is left to the candidate's timed run, which skips it with its error.
 fn build_all(n: usize, build: &(dyn Fn(usize) -> Result<(), OpError> + Sync)) {
     if n < 2 {
