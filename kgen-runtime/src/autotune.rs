@@ -9,6 +9,11 @@
 //! memory and in `<KGEN_CACHE_DIR>/autotune.json`, and returns its index. Later calls,
 //! in this process or the next, return the stored choice without timing anything.
 //!
+//! Processes sharing the file keep each other's choices: a new choice is added to the
+//! file as it is on disk at that moment (read, insert, write a temporary file, rename);
+//! only two writes at the same instant can lose one, which is then tuned again.
+//! `kgen cache prune` drops other compiler builds' choices ([`prune_choices`]).
+//!
 //! `KGEN_AUTOTUNE=0` turns tuning off: the first candidate (the default) is used. The
 //! interpreter never tunes. Sweeps of more than a few candidates print progress on
 //! stderr. A candidate that fails (does not compile, needs too many registers) is
@@ -164,10 +169,14 @@ impl Autotuner {
             return 0;
         };
         if let Ok(mut c) = self.choices.lock() {
-            c.insert(key, labels[i].clone());
+            c.insert(key.clone(), labels[i].clone());
             if let Some(f) = &self.file {
-                // Best effort: the choice is kept in memory either way.
-                let _ = write_choices(f, &c);
+                // The file as it is now plus this choice: what other processes stored
+                // (or pruned) since this one read it is kept. Best effort: the choice
+                // is kept in memory either way.
+                let mut on_disk = read_choices(f);
+                on_disk.insert(key, labels[i].clone());
+                let _ = write_choices(f, &on_disk);
             }
         }
         i
@@ -309,6 +318,33 @@ mod tests {
         });
         assert_eq!(i, 2);
         assert_eq!(calls[1], WARMUP + 2, "not called again after failing");
+    }
+
+    #[test]
+    fn tuners_sharing_a_file_keep_each_others_choices() {
+        let dir = std::env::temp_dir().join(format!("kgen-tune-share-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = dir.join(TUNING_FILE);
+        // Two processes' tuners, both started before either stored anything.
+        let a = Autotuner::new(Some(file.clone()), true);
+        let b = Autotuner::new(Some(file.clone()), true);
+        let key = |n: u32| format!("rmsnorm|NVIDIA H100|sm_90a|kgen 0.1.0+aaaa|n={n}");
+        assert_eq!(
+            a.pick_for_key(&key(1), &labels(2), |i| Ok([2.0, 1.0][i])),
+            1
+        );
+        assert_eq!(
+            b.pick_for_key(&key(2), &labels(2), |i| Ok([1.0, 2.0][i])),
+            0
+        );
+        let stored = read_choices(&file);
+        assert_eq!(
+            stored.get(&key(1)).map(String::as_str),
+            Some("BLOCK=512"),
+            "a's choice survives b's write"
+        );
+        assert_eq!(stored.get(&key(2)).map(String::as_str), Some("BLOCK=256"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
