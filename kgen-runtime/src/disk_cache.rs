@@ -22,6 +22,11 @@
 //! The previous format's entries (`*.kgbin`: the linker's cubins) are deleted on the
 //! first store into a directory.
 //!
+//! Maintenance (`kgen cache`): [`DiskCache::inventory`] counts the entries by whether
+//! this compiler build can use them (a new build keys its own, so an old build's entries
+//! are never read but stay on disk), [`DiskCache::prune`] removes what this build cannot
+//! use, [`DiskCache::clear`] every entry.
+//!
 //! Pure: no driver calls; unit-tested on any machine.
 
 use kgen_core::abi::CompiledKernel;
@@ -257,10 +262,9 @@ fn classify(name: &str, path: &Path, compiler: &str) -> FileClass {
 /// The key description in an entry's header, if the magic and header parse (the body is
 /// checked only by a lookup).
 fn entry_description(bytes: &[u8]) -> Option<String> {
-    let rest = bytes.strip_prefix(MAGIC)?;
-    let nl = rest.iter().position(|&b| b == b'\n')?;
-    let header: Header = serde_json::from_slice(&rest[..nl]).ok()?;
-    Some(header.description)
+    split_entry(bytes)
+        .ok()
+        .map(|(header, _)| header.description)
 }
 
 impl DiskCache {
@@ -333,7 +337,8 @@ enum Sweep {
     Clear,
 }
 
-fn parse(bytes: &[u8], key: &CacheKey) -> Result<CompiledKernel, String> {
+/// An entry's header and body, if its magic and header line parse.
+fn split_entry(bytes: &[u8]) -> Result<(Header, &[u8]), String> {
     let rest = bytes
         .strip_prefix(MAGIC)
         .ok_or("not a kgen cache entry (bad magic)")?;
@@ -343,7 +348,11 @@ fn parse(bytes: &[u8], key: &CacheKey) -> Result<CompiledKernel, String> {
         .ok_or("truncated header")?;
     let header: Header =
         serde_json::from_slice(&rest[..nl]).map_err(|e| format!("corrupt header: {e}"))?;
-    let body = &rest[nl + 1..];
+    Ok((header, &rest[nl + 1..]))
+}
+
+fn parse(bytes: &[u8], key: &CacheKey) -> Result<CompiledKernel, String> {
+    let (header, body) = split_entry(bytes)?;
     if header.key != key.hash || header.description != key.description {
         return Err("the entry belongs to another key".into());
     }
