@@ -493,3 +493,27 @@ fn scratch_gathers_and_vector_scatters_match_kg() {
         "cp.async.cg.shared.global",
     );
 }
+
+/// `barrier()` is a builtin like any other in both front ends.
+#[kgen::kernel]
+fn barrier_copy<const BLOCK: i32 = 512>(
+    x: Tensor<f32, 1, Contiguous>,
+    y: Tensor<f32, 1, Contiguous>,
+) {
+    let t = load(x, [bid(0)], [BLOCK]) * 2.0;
+    barrier();
+    store(y, [bid(0)], t);
+}
+
+const BARRIER_COPY_KG: &str = "
+kernel barrier_copy<BLOCK: int = 512>(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
+    let t = load(x, [bid(0)], [BLOCK]) * 2.0;
+    barrier();
+    store(y, [bid(0)], t);
+}
+";
+
+#[test]
+fn barrier_matches_kg() {
+    assert_macro_matches_kg(BARRIER_COPY_KG, barrier_copy::ptx, "bar.sync 0");
+}

@@ -126,6 +126,7 @@ const BUILTINS: &[Builtin] = &[
     b("scratch_wait", &["pending"], 1, &[]),
     b("gdc_wait", &[], 0, &[]),
     b("gdc_launch_dependents", &[], 0, &[]),
+    b("barrier", &[], 0, &[]),
 ];
 
 /// The keyword of a load's or store's L2 eviction policy (Triton's spelling).
@@ -402,6 +403,10 @@ impl Checker<'_> {
                     crate::ir::GridDependency::LaunchDependents
                 };
                 self.emit(Op::GridDependency(d), vec![], span);
+                Ev::Unit
+            }
+            "barrier" => {
+                self.emit(Op::Barrier, vec![], span);
                 Ev::Unit
             }
             _ => self.error(

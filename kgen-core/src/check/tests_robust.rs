@@ -134,6 +134,7 @@ const FUNCS: &[&str] = &[
     "scratch_wait",
     "gdc_wait",
     "gdc_launch_dependents",
+    "barrier",
     "nope",
 ];
 const KEYWORDS: &[&str] = &["pad", "mask", "other", "axis", "x", "shape", "bogus"];

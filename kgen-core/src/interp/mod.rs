@@ -760,6 +760,9 @@ impl Machine<'_> {
             }
             // Launches run one after the other here: the dependency already holds.
             Op::GridDependency(_) => return Ok(None),
+            // A block's tiles are computed whole, one instruction after another: every
+            // access before the barrier is already done.
+            Op::Barrier => return Ok(None),
             Op::ScratchWait { pending } => {
                 while self.fetches.len() > *pending as usize {
                     if let Some(Some((b, k, v))) = self.fetches.pop_front() {

@@ -237,6 +237,7 @@ impl Printer<'_> {
             ),
             Op::ScratchWait { pending } => format!("scratch_wait {pending}"),
             Op::GridDependency(crate::ir::GridDependency::Wait) => "gdc_wait".into(),
+            Op::Barrier => "barrier".into(),
             Op::GridDependency(crate::ir::GridDependency::LaunchDependents) => {
                 "gdc_launch_dependents".into()
             }

@@ -390,6 +390,12 @@ pub enum Op {
     /// `griddepcontrol`, nothing elsewhere and on the interpreter, whose launches run
     /// one after the other). No results.
     GridDependency(GridDependency),
+    /// `barrier()`: every thread of the block waits here until all have arrived, and
+    /// the block's memory accesses before it are ordered before those after it (PTX
+    /// `bar.sync 0`; nothing on the interpreter, which runs a block's tiles whole). No
+    /// results. Control flow in the language is uniform across a block, so every thread
+    /// reaches the same barriers.
+    Barrier,
     /// `dot(a, b, acc)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]` (f32 accumulator for
     /// float inputs). Result `acc + a @ b`.
     Dot {
@@ -466,7 +472,7 @@ impl Function {
                 v.extend(mask.iter().copied());
                 v
             }
-            Op::ScratchWait { .. } | Op::GridDependency(_) => vec![],
+            Op::ScratchWait { .. } | Op::GridDependency(_) | Op::Barrier => vec![],
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
             Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![*a, *b, *c],
             Op::Load { index, .. } => index.clone(),
@@ -527,6 +533,7 @@ impl Function {
                 | Op::ScratchGather { .. }
                 | Op::ScratchWait { .. }
                 | Op::GridDependency(_)
+                | Op::Barrier
                 | Op::For { .. }
                 | Op::If { .. }
                 | Op::Yield(_)
@@ -534,9 +541,6 @@ impl Function {
     }
 }
 
-/// Calls `f` on every instruction of `roots` and of the regions nested in them, each
-/// once (safe on unvalidated IR: an instruction reached twice, as in a region that
-/// contains itself, is visited once).
 /// Whether `op` computes its result from its operands alone, element by element or by
 /// moving elements: constants, `splat`, `arange`, the element-wise ops and the shape ops.
 /// Such an instruction reads no memory, has no effect and exchanges nothing between
@@ -585,6 +589,9 @@ pub fn program_order(func: &Function) -> Vec<InstId> {
     out
 }
 
+/// Calls `f` on every instruction of `roots` and of the regions nested in them, each
+/// once (safe on unvalidated IR: an instruction reached twice, as in a region that
+/// contains itself, is visited once).
 pub fn visit_insts<'f>(func: &'f Function, roots: Vec<&'f Block>, mut f: impl FnMut(&'f Op)) {
     let mut seen = std::collections::HashSet::new();
     let mut stack = roots;

@@ -32,6 +32,7 @@ fn is_pure(op: &Op) -> bool {
             | Op::ScratchGather { .. }
             | Op::ScratchWait { .. }
             | Op::GridDependency(_)
+            | Op::Barrier
             | Op::For { .. }
             | Op::If { .. }
             | Op::Yield(_)

@@ -36,7 +36,7 @@ pub(super) fn operands_mut(op: &mut Op) -> Vec<&mut ValueId> {
             .chain(offsets.iter_mut())
             .chain(mask.iter_mut())
             .collect(),
-        Op::ScratchWait { .. } | Op::GridDependency(_) => vec![],
+        Op::ScratchWait { .. } | Op::GridDependency(_) | Op::Barrier => vec![],
         Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![a, b],
         Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![a, b, c],
         Op::Dot { a, b, acc } => vec![a, b, acc],

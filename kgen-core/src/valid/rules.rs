@@ -58,6 +58,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
         | Op::ScratchGather { .. }
         | Op::ScratchWait { .. }
         | Op::GridDependency(_)
+        | Op::Barrier
         | Op::Yield(_) => 0,
         Op::For { inits, .. } => inits.len(),
         Op::If { .. } => results.len(),
@@ -285,7 +286,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
                 "padding dtype differs from tensor".into()
             })
         }
-        Op::ScratchWait { .. } | Op::GridDependency(_) => Ok(()),
+        Op::ScratchWait { .. } | Op::GridDependency(_) | Op::Barrier => Ok(()),
         Op::ClusterGather { value, size } => {
             let (a, r) = (ty(value), res_ty()?);
             ensure(a.shape().is_none(), || {

@@ -431,3 +431,48 @@ fn grid_dependency_control() {
     let plain = compile(src(""), Arch::Sm90a);
     assert!(!plain.launch.programmatic_dependency);
 }
+
+/// `barrier()`: one `bar.sync 0` where the kernel puts it, on both targets: after the
+/// loads and the arithmetic before it, before the stores after it; two cross-warp
+/// reductions on either side of it are not batched across it (two exchanges, not one).
+#[test]
+fn block_barrier_stays_where_the_kernel_puts_it() {
+    let compile = |body: &str, arch: Arch| {
+        let text = format!(
+            "kernel k(x: tensor<f32, 1>, y: tensor<f32, 1>, s: tensor<f32, 1>) {{\n{body}\n}}\n"
+        );
+        let file = SourceFile::new("barrier.kg", text);
+        let opts = CompileOptions {
+            num_warps: Some(4),
+            ..CompileOptions::new(arch)
+        };
+        crate::compile(&file, &opts).unwrap_or_else(|d| panic!("{}", d.render(&file)))
+    };
+    let streaming = "let t = load(x, [bid(0)], [512]) * 2.0;\nbarrier();\nstore(y, [bid(0)], t);";
+    for (arch, name) in [(Arch::Sm80, "sm_80"), (Arch::Sm90a, "sm_90a")] {
+        let k = compile(streaming, arch);
+        assemble(&k.ptx, name, "barrier");
+        assert_eq!(count(&k.ptx, "bar.sync"), 1, "{}", k.ptx);
+        let at = |needle: &str| k.ptx.find(needle).unwrap_or_else(|| panic!("no {needle}"));
+        let (load, mul, bar, store) = (
+            at("ld.global"),
+            at("mul.rn.f32"),
+            at("bar.sync"),
+            at("st.global"),
+        );
+        assert!(load < mul && mul < bar && bar < store, "{}", k.ptx);
+    }
+    let batched = "let t = load(x, [bid(0)], [512]);\n\
+                   let a = sum(t, 0);\nlet b = sum(t * t, 0);\n\
+                   store(s, [0], full([1], a + b));";
+    let split = "let t = load(x, [bid(0)], [512]);\n\
+                 let a = sum(t, 0);\nbarrier();\nlet b = sum(t * t, 0);\n\
+                 store(s, [0], full([1], a + b));";
+    let (one, two) = (compile(batched, Arch::Sm90a), compile(split, Arch::Sm90a));
+    // A batch of cross-warp reductions is one exchange (a barrier pair); split by the
+    // kernel's barrier, two exchanges and the barrier itself.
+    assert_eq!(
+        count(&two.ptx, "bar.sync"),
+        2 * count(&one.ptx, "bar.sync") + 1
+    );
+}

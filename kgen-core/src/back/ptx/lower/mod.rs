@@ -756,7 +756,11 @@ impl<'a> Lowerer<'a> {
         };
         for &j in insts.iter().skip(1).take(REDUCE_BATCH_WINDOW) {
             let inst = &func.insts[j];
-            if matches!(inst.op, Op::For { .. } | Op::If { .. } | Op::Yield(_)) {
+            // Nor across a barrier: what the kernel placed after it stays there.
+            if matches!(
+                inst.op,
+                Op::For { .. } | Op::If { .. } | Op::Yield(_) | Op::Barrier
+            ) {
                 break;
             }
             if let Some((op, value, axis)) = cross_warp(&inst.op) {
@@ -1036,6 +1040,10 @@ impl<'a> Lowerer<'a> {
                     };
                     self.emit(op, vec![]);
                 }
+                Ok(())
+            }
+            Op::Barrier => {
+                self.barrier();
                 Ok(())
             }
         }
