@@ -515,5 +515,5 @@ kernel barrier_copy<BLOCK: int = 512>(x: tensor<f32, 1, contiguous>, y: tensor<f
 
 #[test]
 fn barrier_matches_kg() {
-    assert_macro_matches_kg(BARRIER_COPY_KG, barrier_copy::ptx, "bar.sync 0");
+    assert_macro_matches_kg(BARRIER_COPY_KG, barrier_copy::ptx, "bar.red.or.pred");
 }

@@ -391,9 +391,10 @@ pub enum Op {
     /// one after the other). No results.
     GridDependency(GridDependency),
     /// `barrier()`: every thread of the block waits here until all have arrived, and
-    /// the block's memory accesses before it are ordered before those after it (PTX
-    /// `bar.sync 0`; nothing on the interpreter, which runs a block's tiles whole). No
-    /// results. Control flow in the language is uniform across a block, so every thread
+    /// the block's memory accesses before it are ordered before those after it; on the
+    /// GPU a thread arrives only with the data of the global loads it issued before it
+    /// (since the last branch or barrier). Nothing on the interpreter, which runs a
+    /// block's tiles whole. No results. Control flow in the language is uniform across a block, so every thread
     /// reaches the same barriers.
     Barrier,
     /// `dot(a, b, acc)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]` (f32 accumulator for

@@ -432,14 +432,16 @@ fn grid_dependency_control() {
     assert!(!plain.launch.programmatic_dependency);
 }
 
-/// `barrier()`: one `bar.sync 0` where the kernel puts it, on both targets: after the
-/// loads and the arithmetic before it, before the stores after it; two cross-warp
-/// reductions on either side of it are not batched across it (two exchanges, not one).
+/// `barrier()`: where the kernel puts it, on both targets. After loads (since the last
+/// branch target or barrier) it is a `bar.red.or.pred` over a predicate read from each
+/// load's destination, so a thread reaches it only with its data (a `bar.sync` would
+/// not wait: ptxas moves the loads' uses past it); with no such load a `bar.sync 0`.
+/// Two cross-warp reductions on either side of it are not batched across it.
 #[test]
 fn block_barrier_stays_where_the_kernel_puts_it() {
     let compile = |body: &str, arch: Arch| {
         let text = format!(
-            "kernel k(x: tensor<f32, 1>, y: tensor<f32, 1>, s: tensor<f32, 1>) {{\n{body}\n}}\n"
+            "kernel k(x: tensor<f32, 1>, z: tensor<f32, 1>, y: tensor<f32, 1>, s: tensor<f32, 1>) {{\n{body}\n}}\n"
         );
         let file = SourceFile::new("barrier.kg", text);
         let opts = CompileOptions {
@@ -448,19 +450,24 @@ fn block_barrier_stays_where_the_kernel_puts_it() {
         };
         crate::compile(&file, &opts).unwrap_or_else(|d| panic!("{}", d.render(&file)))
     };
-    let streaming = "let t = load(x, [bid(0)], [512]) * 2.0;\nbarrier();\nstore(y, [bid(0)], t);";
+    let streaming = "let t = load(x, [bid(0)], [512]) * load(z, [bid(0)], [512]);\n\
+                     barrier();\nstore(y, [bid(0)], t);";
     for (arch, name) in [(Arch::Sm80, "sm_80"), (Arch::Sm90a, "sm_90a")] {
         let k = compile(streaming, arch);
         assemble(&k.ptx, name, "barrier");
-        assert_eq!(count(&k.ptx, "bar.sync"), 1, "{}", k.ptx);
+        assert_eq!(count(&k.ptx, "bar.red.or.pred"), 1, "{}", k.ptx);
+        assert!(!k.ptx.contains("bar.sync"), "{}", k.ptx);
+        // One predicate per load (4-byte aligned tensors: scalar loads).
+        let loads = count(&k.ptx, "ld.global.b32");
+        assert!(loads >= 2, "{}", k.ptx);
+        assert_eq!(count(&k.ptx, "setp.ne.b32"), loads, "{}", k.ptx);
         let at = |needle: &str| k.ptx.find(needle).unwrap_or_else(|| panic!("no {needle}"));
-        let (load, mul, bar, store) = (
-            at("ld.global"),
-            at("mul.rn.f32"),
-            at("bar.sync"),
-            at("st.global"),
+        let last_load = k.ptx.rfind("ld.global").unwrap_or(usize::MAX);
+        assert!(
+            last_load < at("bar.red") && at("bar.red") < at("st.global"),
+            "{}",
+            k.ptx
         );
-        assert!(load < mul && mul < bar && bar < store, "{}", k.ptx);
     }
     let batched = "let t = load(x, [bid(0)], [512]);\n\
                    let a = sum(t, 0);\nlet b = sum(t * t, 0);\n\
@@ -470,9 +477,11 @@ fn block_barrier_stays_where_the_kernel_puts_it() {
                  store(s, [0], full([1], a + b));";
     let (one, two) = (compile(batched, Arch::Sm90a), compile(split, Arch::Sm90a));
     // A batch of cross-warp reductions is one exchange (a barrier pair); split by the
-    // kernel's barrier, two exchanges and the barrier itself.
+    // kernel's barrier (a plain `bar.sync`: the reduction before it already waited for
+    // the load), two exchanges and the barrier itself.
     assert_eq!(
         count(&two.ptx, "bar.sync"),
         2 * count(&one.ptx, "bar.sync") + 1
     );
+    assert!(!two.ptx.contains("bar.red"), "{}", two.ptx);
 }

@@ -464,6 +464,64 @@ impl<'a> Lowerer<'a> {
         self.emit("bar.sync", vec![Operand::Imm(0)]);
     }
 
+    /// The kernel's `barrier()`: a block barrier that each thread reaches only once the
+    /// global loads it issued since the last branch target or barrier have returned.
+    /// `bar.sync` alone does not wait for them (ptxas moves their uses past it), so the
+    /// barrier is a `bar.red.or.pred` over a predicate read from one destination register
+    /// of each such load; with no such load it is a `bar.sync`.
+    fn block_barrier(&mut self) {
+        let mut loaded: Vec<Reg> = Vec::new();
+        for stmt in self.body.iter().rev() {
+            let inst = match stmt {
+                Stmt::Label(_) => break,
+                Stmt::Comment(_) => continue,
+                Stmt::Inst(inst) => inst,
+            };
+            if inst.opcode.starts_with("bar.") || inst.opcode.starts_with("barrier.") {
+                break;
+            }
+            if inst.opcode.starts_with("ld.global") {
+                match inst.operands.first() {
+                    Some(Operand::Reg(r)) => loaded.push(*r),
+                    Some(Operand::Vec(regs)) => loaded.extend(regs.first().copied()),
+                    _ => {}
+                }
+            }
+        }
+        let mut any: Option<Reg> = None;
+        for r in loaded.into_iter().rev() {
+            let p = match r.class {
+                RegClass::Pred => r,
+                RegClass::B16 => self.op1(
+                    RegClass::Pred,
+                    "setp.ne.b16",
+                    vec![r.into(), Operand::Imm(0)],
+                ),
+                RegClass::B32 | RegClass::F32 => self.op1(
+                    RegClass::Pred,
+                    "setp.ne.b32",
+                    vec![r.into(), Operand::Imm(0)],
+                ),
+                RegClass::B64 | RegClass::F64 => self.op1(
+                    RegClass::Pred,
+                    "setp.ne.b64",
+                    vec![r.into(), Operand::Imm(0)],
+                ),
+            };
+            any = Some(match any {
+                None => p,
+                Some(a) => self.op1(RegClass::Pred, "or.pred", vec![a.into(), p.into()]),
+            });
+        }
+        match any {
+            Some(p) => {
+                let d = self.reg(RegClass::Pred);
+                self.emit("bar.red.or.pred", vec![d.into(), Operand::Imm(0), p.into()]);
+            }
+            None => self.barrier(),
+        }
+    }
+
     /// A b16 register holding 0 (for widening bf16 with `mov.b32 %f, {0, h}`).
     pub fn zero16(&mut self) -> Reg {
         if let Some(r) = self.zero16 {
@@ -1043,7 +1101,7 @@ impl<'a> Lowerer<'a> {
                 Ok(())
             }
             Op::Barrier => {
-                self.barrier();
+                self.block_barrier();
                 Ok(())
             }
         }
