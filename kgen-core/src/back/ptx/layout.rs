@@ -506,6 +506,9 @@ pub enum Layout {
     /// A layout derived by a shape operation, kept in canonical form; used over other
     /// shapes through [`Linear::resize`].
     Linear(Linear),
+    /// A tensor-core fragment layout (`mma.sync` accumulator or operand), see
+    /// `mma_layout.rs`.
+    Mma(super::mma_layout::MmaLayout),
 }
 
 impl Layout {
@@ -529,6 +532,8 @@ impl Layout {
             }
             Layout::Linear(l) if l.rank() == shape.len() => l.resize(shape),
             Layout::Linear(_) => Blocked::default_for(shape, 1, num_warps).linear(shape),
+            Layout::Mma(m) if shape.len() == 2 => m.linear(shape),
+            Layout::Mma(_) => Blocked::default_for(shape, 1, num_warps).linear(shape),
         }
     }
 }
@@ -547,6 +552,11 @@ impl fmt::Display for Layout {
                 f,
                 "linear(regs={:?}, lanes={:?}, warps={:?})",
                 l.regs, l.lanes, l.warps
+            ),
+            Layout::Mma(m) => write!(
+                f,
+                "mma({:?}, warps=[{}, {}])",
+                m.operand, m.warps_m, m.warps_n
             ),
         }
     }

@@ -18,6 +18,9 @@ pub mod dead_code;
 pub mod isa;
 pub mod layout;
 pub mod lower;
+pub mod mma_layout;
+pub mod smem;
+pub mod swizzle;
 pub mod writer;
 
 #[cfg(test)]

@@ -1,0 +1,346 @@
+//! Tensor-core fragment layouts as [`Linear`] layouts: which register, lane and warp bit
+//! of a thread owns which coordinate bit of a `dot`'s accumulator and operands.
+//!
+//! `mma.sync.aligned.m16n8k16` (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
+//! `g = lane >> 2` and `t = lane % 4`:
+//! - C/D (16 × 8, four f32 per thread): `c[i]` is at row `g + 8 * (i >> 1)`, column
+//!   `2t + (i & 1)`. Register bit 0 → column bit 0, lane bits 0–1 → column bits 1–2,
+//!   lane bits 2–4 → row bits 0–2, register bit 1 → row bit 3.
+//! - A (16 × 16, eight halves): `a[i]` is at row `g + 8 * ((i >> 1) & 1)`, column
+//!   `2t + (i & 1) + 8 * (i >> 2)`. Register bit 0 → k bit 0, lanes 0–1 → k bits 1–2,
+//!   lanes 2–4 → m bits 0–2, register bit 1 → m bit 3, register bit 2 → k bit 3.
+//! - B (16 × 8, four halves): `b[i]` is at row (k) `2t + (i & 1) + 8 * (i >> 1)`,
+//!   column (n) `g`. Register bit 0 → k bit 0, lanes 0–1 → k bits 1–2, register bit 1 →
+//!   k bit 3, lanes 2–4 → n bits 0–2.
+//!
+//! A tile larger than one instruction repeats the pattern in more register bits (within
+//! the warp's part) and splits the rest between warps: `warps_m` warps along M, `warps_n`
+//! along N. Each warp needs the A rows of its M part and the B columns of its N part, so
+//! the operands' layouts have the other direction's warp bits as *replica* bits. Register
+//! bit 0 of every operand layout is the packed pair (two halves in one `.b32`).
+//!
+//! The C layout of two neighbouring n8 tiles is the A layout of one k16 tile, bit for
+//! bit, so a product's result used as the next product's A operand (attention's P · V)
+//! converts for free through the ordinary `free_remap`.
+//!
+//! Assumes: padded (power-of-two) tile extents, `warps_m * warps_n` equal to the block's
+//! warp count. Guarantees: every padded coordinate bit is owned by exactly one register,
+//! lane or warp bit; where the tile is smaller than one instruction or than the warp grid
+//! covers, the missing lane/warp bits are replica bits (the lowering of `mma` requires
+//! M ≥ 16 · warps_m, N ≥ 8 · warps_n and K ≥ 16, which `mma_shape_ok` checks).
+
+use super::layout::{padded, CBit, Linear};
+
+/// Which fragment of `mma.m16n8k16` a layout describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MmaOperand {
+    /// The accumulator / result, `[M, N]`.
+    Acc,
+    /// The left operand, `[M, K]`.
+    A,
+    /// The right operand, `[K, N]`.
+    B,
+}
+
+/// An `mma.sync` fragment layout over a whole tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaLayout {
+    pub warps_m: u32,
+    pub warps_n: u32,
+    pub operand: MmaOperand,
+}
+
+fn log2(n: u32) -> u32 {
+    n.max(1).trailing_zeros()
+}
+
+/// The instruction shape (m, n, k).
+pub const INSTR: (u32, u32, u32) = (16, 8, 16);
+
+/// The warp grid `[warps_m, warps_n]` for a `[m, n]` accumulator tile (padded extents):
+/// warps are doubled along the direction with more instruction tiles left per warp,
+/// rows first on ties, so each warp's part stays as square as the instruction allows
+/// (a 128 × 128 tile on 4 warps: 2 × 2 parts of 64 × 64). Warps beyond what the tile
+/// can give work to are put along M (their parts then overlap: replicas).
+pub fn warp_grid(m: u32, n: u32, num_warps: u32) -> [u32; 2] {
+    let (m, n) = (m.max(1).next_power_of_two(), n.max(1).next_power_of_two());
+    let (mut wm, mut wn) = (1u32, 1u32);
+    while wm * wn < num_warps.max(1) {
+        let mt = m / (INSTR.0 * wm);
+        let nt = n / (INSTR.1 * wn);
+        if mt >= nt && mt > 1 {
+            wm *= 2;
+        } else if nt > 1 {
+            wn *= 2;
+        } else {
+            wm *= 2;
+        }
+    }
+    [wm, wn]
+}
+
+/// Whether a `[m, k] x [k, n]` product (padded extents) can be tiled by `mma.m16n8k16`
+/// over a warp grid `[wm, wn]`: each warp's part holds whole instructions.
+pub fn mma_shape_ok(m: u32, n: u32, k: u32, grid: [u32; 2]) -> bool {
+    let (m, n, k) = (
+        m.max(1).next_power_of_two(),
+        n.max(1).next_power_of_two(),
+        k.max(1).next_power_of_two(),
+    );
+    m >= INSTR.0 * grid[0] && n >= INSTR.1 * grid[1] && k >= INSTR.2
+}
+
+impl MmaLayout {
+    /// The canonical layout over a 2-D tile `shape` (real extents; padded here).
+    pub fn linear(&self, shape: &[u32]) -> Linear {
+        let p = padded(shape);
+        let (r0, r1) = (p.first().copied().unwrap_or(1), p.get(1).copied().unwrap_or(1));
+        let (bits0, bits1) = (log2(r0) as u8, log2(r1) as u8);
+        // Which dim is M, N or K, and how many of its bits each warp's part has.
+        let (wm, wn) = (log2(self.warps_m) as u8, log2(self.warps_n) as u8);
+        let mut b = Builder {
+            have: [bits0, bits1],
+            next: [0, 0],
+            regs: Vec::new(),
+            lanes: [None; 5],
+            warps: Vec::new(),
+        };
+        match self.operand {
+            MmaOperand::Acc => {
+                // dim 0 = M, dim 1 = N.
+                let part = [bits0.saturating_sub(wm), bits1.saturating_sub(wn)];
+                b.reg(1);
+                b.lane(0, 1);
+                b.lane(1, 1);
+                b.lane(2, 0);
+                b.lane(3, 0);
+                b.lane(4, 0);
+                b.reg(0);
+                b.regs_up_to(1, part[1]);
+                b.regs_up_to(0, part[0]);
+                b.warp_bits(0, wm);
+                b.warp_bits(1, wn);
+            }
+            MmaOperand::A => {
+                // dim 0 = M, dim 1 = K; the N warps replicate.
+                let part_m = bits0.saturating_sub(wm);
+                b.reg(1);
+                b.lane(0, 1);
+                b.lane(1, 1);
+                b.lane(2, 0);
+                b.lane(3, 0);
+                b.lane(4, 0);
+                b.reg(0);
+                b.reg(1);
+                b.regs_up_to(1, bits1);
+                b.regs_up_to(0, part_m);
+                b.warp_bits(0, wm);
+                b.replica_warps(wn);
+            }
+            MmaOperand::B => {
+                // dim 0 = K, dim 1 = N; the M warps replicate.
+                let part_n = bits1.saturating_sub(wn);
+                b.reg(0);
+                b.lane(0, 0);
+                b.lane(1, 0);
+                b.reg(0);
+                b.lane(2, 1);
+                b.lane(3, 1);
+                b.lane(4, 1);
+                b.regs_up_to(1, part_n);
+                b.regs_up_to(0, bits0);
+                b.replica_warps(wm);
+                b.warp_bits(1, wn);
+            }
+        }
+        // Whatever the warps could not cover (a tile larger than the grid's parts only
+        // if the warp dims ran out) goes to registers.
+        b.regs_up_to(0, bits0);
+        b.regs_up_to(1, bits1);
+        Linear {
+            shape: p,
+            regs: b.regs,
+            lanes: b.lanes,
+            warps: b.warps,
+        }
+    }
+}
+
+/// Hands out coordinate bits in order; a dim that has no bit left gives a replica
+/// (lanes, warps) or nothing (registers).
+struct Builder {
+    have: [u8; 2],
+    next: [u8; 2],
+    regs: Vec<CBit>,
+    lanes: [Option<CBit>; 5],
+    warps: Vec<Option<CBit>>,
+}
+
+impl Builder {
+    fn take(&mut self, d: usize) -> Option<CBit> {
+        (self.next[d] < self.have[d]).then(|| {
+            self.next[d] += 1;
+            (d as u8, self.next[d] - 1)
+        })
+    }
+
+    fn reg(&mut self, d: usize) {
+        if let Some(cb) = self.take(d) {
+            self.regs.push(cb);
+        }
+    }
+
+    fn lane(&mut self, h: usize, d: usize) {
+        self.lanes[h] = self.take(d);
+    }
+
+    /// Register bits for dim `d` until it has `upto` bits handed out.
+    fn regs_up_to(&mut self, d: usize, upto: u8) {
+        while self.next[d] < upto.min(self.have[d]) {
+            self.reg(d);
+        }
+    }
+
+    fn warp_bits(&mut self, d: usize, n: u8) {
+        for _ in 0..n {
+            let cb = self.take(d);
+            self.warps.push(cb);
+        }
+    }
+
+    fn replica_warps(&mut self, n: u8) {
+        for _ in 0..n {
+            self.warps.push(None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The coordinate thread `tid` holds in register `r` (thread part + register part).
+    fn coord(l: &Linear, tid: u32, r: usize) -> Vec<u32> {
+        let mut c = l.reg_coord(r);
+        for (h, cb) in l.lanes.iter().enumerate() {
+            if let Some((d, b)) = cb {
+                if tid >> h & 1 == 1 {
+                    c[*d as usize] |= 1 << b;
+                }
+            }
+        }
+        for (w, cb) in l.warps.iter().enumerate() {
+            if let Some((d, b)) = cb {
+                if tid >> (5 + w) & 1 == 1 {
+                    c[*d as usize] |= 1 << b;
+                }
+            }
+        }
+        c
+    }
+
+    fn one_warp(op: MmaOperand) -> MmaLayout {
+        MmaLayout {
+            warps_m: 1,
+            warps_n: 1,
+            operand: op,
+        }
+    }
+
+    #[test]
+    fn the_accumulator_fragment_is_the_isa_table() {
+        let l = one_warp(MmaOperand::Acc).linear(&[16, 8]);
+        assert_eq!(l.num_regs(), 4);
+        for lane in 0..32u32 {
+            let (g, t) = (lane >> 2, lane % 4);
+            for i in 0..4u32 {
+                let want = vec![g + 8 * (i >> 1), 2 * t + (i & 1)];
+                assert_eq!(coord(&l, lane, i as usize), want, "lane {lane} c{i}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_a_fragment_is_the_isa_table() {
+        let l = one_warp(MmaOperand::A).linear(&[16, 16]);
+        assert_eq!(l.num_regs(), 8);
+        for lane in 0..32u32 {
+            let (g, t) = (lane >> 2, lane % 4);
+            for i in 0..8u32 {
+                let want = vec![g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2)];
+                assert_eq!(coord(&l, lane, i as usize), want, "lane {lane} a{i}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_b_fragment_is_the_isa_table() {
+        let l = one_warp(MmaOperand::B).linear(&[16, 8]);
+        assert_eq!(l.num_regs(), 4);
+        for lane in 0..32u32 {
+            let (g, t) = (lane >> 2, lane % 4);
+            for i in 0..4u32 {
+                let want = vec![2 * t + (i & 1) + 8 * (i >> 1), g];
+                assert_eq!(coord(&l, lane, i as usize), want, "lane {lane} b{i}");
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_over_a_warp_grid_cover_every_element_once_per_warp_part() {
+        for (m, n, k, warps) in [
+            (128u32, 128u32, 32u32, 4u32),
+            (128, 256, 64, 8),
+            (64, 64, 16, 4),
+            (16, 8, 16, 1),
+            (256, 128, 32, 8),
+        ] {
+            let [wm, wn] = warp_grid(m, n, warps);
+            assert_eq!(wm * wn, warps);
+            assert!(mma_shape_ok(m, n, k, [wm, wn]), "{m}x{n}x{k} on {wm}x{wn}");
+            for (op, shape, copies) in [
+                (MmaOperand::Acc, [m, n], 1u32),
+                (MmaOperand::A, [m, k], wn),
+                (MmaOperand::B, [k, n], wm),
+            ] {
+                let lay = MmaLayout {
+                    warps_m: wm,
+                    warps_n: wn,
+                    operand: op,
+                };
+                let l = lay.linear(&shape);
+                let mut count = std::collections::HashMap::new();
+                for tid in 0..warps * 32 {
+                    for r in 0..l.num_regs() {
+                        *count.entry(coord(&l, tid, r)).or_insert(0u32) += 1;
+                    }
+                }
+                assert_eq!(count.len() as u32, shape[0] * shape[1], "{op:?} {shape:?}");
+                assert!(
+                    count.values().all(|&c| c == copies),
+                    "{op:?} {shape:?}: each element held by {copies} warps"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_accumulator_of_two_n8_tiles_is_an_a_operand_bit_for_bit() {
+        // P (the result of S = Q·Kᵀ, [16, 16] in C layout) as the A operand of P·V.
+        let c = one_warp(MmaOperand::Acc).linear(&[16, 16]);
+        let a = one_warp(MmaOperand::A).linear(&[16, 16]);
+        let w = crate::back::ptx::layout::identity_weights(&[16, 16]);
+        let map = crate::back::ptx::layout::free_remap(&c, &a, &w);
+        assert!(map.is_some(), "C -> A needs no exchange between threads");
+    }
+
+    #[test]
+    fn the_warp_grid_keeps_parts_square() {
+        assert_eq!(warp_grid(128, 128, 4), [2, 2]);
+        assert_eq!(warp_grid(128, 128, 8), [2, 4]);
+        assert_eq!(warp_grid(256, 128, 8), [4, 2]);
+        assert_eq!(warp_grid(64, 256, 4), [1, 4]);
+        assert_eq!(warp_grid(16, 8, 4), [4, 1], "replicas along M");
+        assert!(!mma_shape_ok(16, 8, 16, [4, 1]));
+    }
+}
