@@ -1,66 +1,66 @@
 //! Dead-instruction removal on the lowered PTX body, the last step before printing.
 //!
 //! Assumes: the body's registers are function-wide (a register is one PTX register in
-//! every block that names it). An instruction's first operand, when it is a plain
-//! register, is the register it defines.
-//! Guarantees: removes only instructions of an opcode family that has no effect besides
-//! writing its destination (arithmetic, conversions, moves, compares, approximate
-//! math) and whose destination no remaining instruction reads, repeated until none is
-//! left. Loads, stores, atomics, barriers, shuffles, cluster and async-copy
-//! instructions and branches are never removed; nothing is reordered or renumbered.
+//! every block that names it), and every instruction's `defs` / `uses` lists are
+//! complete (`isa::Inst::new` fills them from the family's operand roles).
+//! Guarantees: removes only instructions whose family has no effect besides its
+//! definitions (`Family::effects().is_pure()`: arithmetic, conversions, moves, compares,
+//! approximate math, `mma`) and none of whose `defs` any remaining instruction reads,
+//! repeated until none is left. Loads, stores, atomics, barriers, shuffles, cluster and
+//! async-copy instructions, branches and unknown opcodes are never removed; nothing is
+//! reordered or renumbered. It never looks at opcode text.
 //! Lowering leaves such code behind by design (a value rounded to bf16 and widened back
 //! whose store packs the f32 source instead; conversions a later choice made unused),
 //! and PTX that users snapshot should not carry it.
 
-use super::isa::{Inst, Operand, Reg, Stmt};
+use super::isa::{Reg, Stmt};
 use std::collections::HashMap;
-
-/// Opcode families (the text before the first `.`) whose only effect is the destination.
-const PURE: &[&str] = &[
-    "mov", "cvt", "add", "sub", "mul", "mad", "fma", "neg", "abs", "min", "max", "and", "or",
-    "xor", "not", "shl", "shr", "selp", "setp", "ex2", "lg2", "rsqrt", "sqrt", "rcp", "tanh",
-    "sin", "cos", "copysign",
-];
 
 /// Removes dead pure instructions from `body` (see the module header): one count of
 /// reads, then a worklist, since removing an instruction can leave its operands unread.
 pub fn remove_dead_instructions(body: &mut Vec<Stmt>) {
-    let mut uses = HashMap::new();
+    let mut uses: HashMap<Reg, usize> = HashMap::new();
     for s in body.iter() {
         if let Stmt::Inst(i) = s {
-            for_each_read(i, |r| *uses.entry(r).or_insert(0usize) += 1);
-        }
-    }
-    // Pure definitions per destination, so a register whose reads drop to 0 finds them.
-    let mut defs: HashMap<Reg, Vec<usize>> = HashMap::new();
-    for (k, s) in body.iter().enumerate() {
-        if let Stmt::Inst(i) = s {
-            if let Some(d) = dead_destination(i) {
-                defs.entry(d).or_default().push(k);
+            for &r in &i.uses {
+                *uses.entry(r).or_insert(0) += 1;
             }
         }
     }
+    // Pure instructions per defined register, so a register whose reads drop to 0 finds
+    // them.
+    let mut defs: HashMap<Reg, Vec<usize>> = HashMap::new();
+    for (k, s) in body.iter().enumerate() {
+        if let Stmt::Inst(i) = s {
+            if i.effects().is_pure() {
+                for &d in &i.defs {
+                    defs.entry(d).or_default().push(k);
+                }
+            }
+        }
+    }
+    let unread = |d: &Reg, uses: &HashMap<Reg, usize>| uses.get(d).copied().unwrap_or(0) == 0;
     let mut removed = vec![false; body.len()];
-    let mut work: Vec<Reg> = defs
-        .keys()
-        .copied()
-        .filter(|d| uses.get(d).copied().unwrap_or(0) == 0)
-        .collect();
+    let mut work: Vec<Reg> = defs.keys().copied().filter(|d| unread(d, &uses)).collect();
     while let Some(d) = work.pop() {
         for &k in defs.get(&d).map(Vec::as_slice).unwrap_or(&[]) {
             if removed[k] {
                 continue;
             }
-            removed[k] = true;
             let Stmt::Inst(i) = &body[k] else { continue };
-            for_each_read(i, |r| {
-                if let Some(n) = uses.get_mut(&r) {
+            // Every register it defines must be unread (an `mma` defines four).
+            if !i.defs.iter().all(|r| unread(r, &uses)) {
+                continue;
+            }
+            removed[k] = true;
+            for r in &i.uses {
+                if let Some(n) = uses.get_mut(r) {
                     *n -= 1;
-                    if *n == 0 && defs.contains_key(&r) {
-                        work.push(r);
+                    if *n == 0 && defs.contains_key(r) {
+                        work.push(*r);
                     }
                 }
-            });
+            }
         }
     }
     let mut k = 0;
@@ -70,39 +70,10 @@ pub fn remove_dead_instructions(body: &mut Vec<Stmt>) {
     });
 }
 
-/// The destination of a pure instruction (None for everything that must stay).
-fn dead_destination(i: &Inst) -> Option<Reg> {
-    let family = i.opcode.split('.').next().unwrap_or("");
-    if !PURE.contains(&family) {
-        return None;
-    }
-    match i.operands.first() {
-        Some(Operand::Reg(d)) => Some(*d),
-        _ => None,
-    }
-}
-
-/// Calls `read` for each register `i` reads: its guard, every operand after the first,
-/// and the address register of a first operand that is a memory reference (a store's).
-/// A vector first operand is defined (`ld.v4 {..}`, `mov.b32 {lo, hi}, w`), not read.
-fn for_each_read(i: &Inst, mut read: impl FnMut(Reg)) {
-    if let Some((g, _)) = i.guard {
-        read(g);
-    }
-    for (k, op) in i.operands.iter().enumerate() {
-        match op {
-            Operand::Reg(r) if k > 0 => read(*r),
-            Operand::Vec(rs) if k > 0 => rs.iter().copied().for_each(&mut read),
-            Operand::Mem(super::isa::Addr::Reg(r), _) => read(*r),
-            _ => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::back::ptx::isa::RegClass;
+    use crate::back::ptx::isa::{Inst, Operand, RegClass};
 
     fn r(n: u32) -> Reg {
         Reg {
@@ -111,11 +82,7 @@ mod tests {
         }
     }
     fn inst(op: &str, ops: Vec<Operand>) -> Stmt {
-        Stmt::Inst(Inst {
-            guard: None,
-            opcode: op.into(),
-            operands: ops,
-        })
+        Stmt::Inst(Inst::new(None, op, ops))
     }
 
     #[test]
@@ -149,7 +116,7 @@ mod tests {
         let ops: Vec<&str> = body
             .iter()
             .filter_map(|s| match s {
-                Stmt::Inst(i) => Some(i.opcode.as_str()),
+                Stmt::Inst(i) => Some(i.opcode.text.as_str()),
                 _ => None,
             })
             .collect();
@@ -157,7 +124,85 @@ mod tests {
     }
 
     #[test]
-    fn a_value_read_only_by_a_guard_or_a_vector_unpack_source_stays() {
+    fn an_mma_stays_while_any_of_its_results_is_read_and_unknown_opcodes_always_stay() {
+        let v = |ns: &[u32]| Operand::Vec(ns.iter().map(|&n| r(n)).collect());
+        let mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
+        let mut body = vec![
+            // The accumulator registers are both read and written.
+            inst(
+                mma,
+                vec![
+                    v(&[1, 2, 3, 4]),
+                    v(&[5, 6, 7, 8]),
+                    v(&[9, 10]),
+                    v(&[1, 2, 3, 4]),
+                ],
+            ),
+            inst(
+                "st.global.b32",
+                vec![
+                    Operand::Mem(crate::back::ptx::isa::Addr::Reg(r(20)), 0),
+                    r(3).into(),
+                ],
+            ),
+            inst("frobnicate.b32", vec![r(30).into(), r(31).into()]),
+        ];
+        remove_dead_instructions(&mut body);
+        assert_eq!(
+            body.len(),
+            3,
+            "c[2] is stored, so the mma stays; unknown stays"
+        );
+        let mut body = vec![inst(
+            mma,
+            vec![
+                v(&[1, 2, 3, 4]),
+                v(&[5, 6, 7, 8]),
+                v(&[9, 10]),
+                v(&[11, 12, 13, 14]),
+            ],
+        )];
+        remove_dead_instructions(&mut body);
+        assert!(body.is_empty(), "an mma nothing reads is pure and goes");
+    }
+
+    #[test]
+    fn families_and_roles_come_from_the_table() {
+        use crate::back::ptx::isa::{Family, Space};
+        let i = Inst::new(
+            None,
+            "ld.global.v4.b32",
+            vec![
+                Operand::Vec(vec![r(1), r(2), r(3), r(4)]),
+                Operand::Mem(crate::back::ptx::isa::Addr::Reg(r(9)), 16),
+            ],
+        );
+        assert_eq!(i.opcode.family, Family::Ld(Space::Global));
+        assert_eq!(i.defs, vec![r(1), r(2), r(3), r(4)]);
+        assert_eq!(i.uses, vec![r(9)]);
+        let st = Inst::new(
+            Some((r(7), true)),
+            "st.shared.b32",
+            vec![
+                Operand::Mem(crate::back::ptx::isa::Addr::Reg(r(9)), 0),
+                r(5).into(),
+            ],
+        );
+        assert!(st.defs.is_empty());
+        assert_eq!(st.uses, vec![r(7), r(9), r(5)]);
+        assert_eq!(Family::of("cp.async.cg.shared.global"), Family::CpAsync);
+        assert_eq!(Family::of("cp.async.wait_group"), Family::CpAsyncWait);
+        assert_eq!(Family::of("bar.red.or.pred"), Family::BarRed);
+        assert_eq!(Family::of("barrier.cluster.arrive"), Family::BarrierCluster);
+        assert_eq!(
+            Family::of("ld.shared::cluster.b32"),
+            Family::Ld(Space::SharedCluster)
+        );
+        assert!(Family::of("frobnicate").effects() == crate::back::ptx::isa::Effects::ALL);
+    }
+
+    #[test]
+    fn a_value_read_only_by_a_guard_or_an_unpack_that_is_read_stays() {
         let p = Reg {
             class: RegClass::Pred,
             n: 1,
@@ -166,13 +211,27 @@ mod tests {
             inst("setp.lt.f32", vec![p.into(), r(0).into(), r(1).into()]),
             inst("add.rn.f32", vec![r(2).into(), r(0).into(), r(1).into()]),
             inst("mov.b32", vec![Operand::Vec(vec![r(5), r(6)]), r(2).into()]),
-            Stmt::Inst(Inst {
-                guard: Some((p, false)),
-                opcode: "bra.uni".into(),
-                operands: vec![Operand::Label(1)],
-            }),
+            // Only the high half of the unpack is read: the unpack (and the add) stay.
+            inst(
+                "st.global.b32",
+                vec![
+                    Operand::Mem(crate::back::ptx::isa::Addr::Reg(r(9)), 0),
+                    r(6).into(),
+                ],
+            ),
+            Stmt::Inst(Inst::new(
+                Some((p, false)),
+                "bra.uni",
+                vec![Operand::Label(1)],
+            )),
+            // An unpack nothing reads goes, with the value only it read.
+            inst("add.rn.f32", vec![r(7).into(), r(0).into(), r(0).into()]),
+            inst(
+                "mov.b32",
+                vec![Operand::Vec(vec![r(10), r(11)]), r(7).into()],
+            ),
         ];
         remove_dead_instructions(&mut body);
-        assert_eq!(body.len(), 4);
+        assert_eq!(body.len(), 5);
     }
 }

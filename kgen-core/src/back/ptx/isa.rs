@@ -2,8 +2,15 @@
 //! instructions, labels and comments. Lowering builds these; `writer` is the only
 //! code that turns them into text.
 //!
+//! Each instruction has an opcode *type* ([`Family`]: its effects and its operand roles)
+//! and explicit [`Inst::defs`] / [`Inst::uses`] register lists, filled when it is built.
+//! Passes over the lowered body (dead code, the data-dependent barrier, any later
+//! scheduling) read those, never the opcode text, which only the printer reads.
+//!
 //! Guarantees: register names are `%<class><n>` with per-class numbering from 1 in
-//! order of allocation, labels are `$L<n>`, so the output is deterministic.
+//! order of allocation, labels are `$L<n>`, so the output is deterministic; an opcode
+//! the family table does not know is `Family::Unknown`, which has every effect (never
+//! removed or moved), and a test checks that no bundled kernel emits one.
 
 /// Register classes and their PTX declarations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -99,13 +106,377 @@ impl From<Reg> for Operand {
     }
 }
 
-/// One instruction: `@{!}pred opcode operands;`. The opcode carries every modifier
-/// (`ld.global.v4.b32`, `cvt.rn.f16.f32`): lowering decides them.
+/// A state space of a memory instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Space {
+    Global,
+    Shared,
+    /// `shared::cluster` (distributed shared memory, sm_90).
+    SharedCluster,
+    Param,
+    Local,
+    Const,
+    /// No space named: a generic address.
+    Generic,
+}
+
+impl Space {
+    fn parse(segment: Option<&str>) -> Space {
+        match segment {
+            Some("global") => Space::Global,
+            Some("shared") | Some("shared::cta") => Space::Shared,
+            Some("shared::cluster") => Space::SharedCluster,
+            Some("param") => Space::Param,
+            Some("local") => Space::Local,
+            Some("const") => Space::Const,
+            _ => Space::Generic,
+        }
+    }
+}
+
+/// The instruction families kgen emits: the opcode's *type*. The modifiers (`.rn.f32`,
+/// `.v4.b32`) are printer text; every question a pass asks (is it pure, does it touch
+/// memory, does it synchronize, which operands does it define) is answered by the
+/// family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    // Pure: the only effect is the definition.
+    Mov,
+    Cvt,
+    Cvta,
+    Add,
+    Sub,
+    Mul,
+    Mad,
+    Fma,
+    Div,
+    Rem,
+    Neg,
+    Abs,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Not,
+    Shl,
+    Shr,
+    Selp,
+    Setp,
+    Ex2,
+    Lg2,
+    Rsqrt,
+    Sqrt,
+    Rcp,
+    Tanh,
+    Sin,
+    Cos,
+    Copysign,
+    Bfe,
+    Bfi,
+    Prmt,
+    Popc,
+    Clz,
+    Brev,
+    Lop3,
+    /// `mapa`: the address of a peer block's shared variable.
+    Mapa,
+    /// `createpolicy`: an L2 cache-policy value.
+    Createpolicy,
+    /// `mma.sync`: the `{d}` vector defined, `{a} {b} {c}` read (registers only).
+    Mma,
+    // Memory.
+    Ld(Space),
+    St(Space),
+    Atom(Space),
+    Red(Space),
+    /// `cp.async` (global → shared, asynchronous).
+    CpAsync,
+    CpAsyncCommit,
+    CpAsyncWait,
+    /// `ldmatrix` (shared → registers).
+    Ldmatrix,
+    /// `stmatrix` (registers → shared).
+    Stmatrix,
+    // Exchange and synchronization.
+    Shfl,
+    /// `bar.sync` / `bar.arrive` (CTA or named barriers).
+    Bar,
+    /// `bar.red`: a barrier that also reduces a predicate (defines its result).
+    BarRed,
+    /// `barrier.cluster.arrive` / `.wait`.
+    BarrierCluster,
+    Fence,
+    Griddepcontrol,
+    // Control.
+    Bra,
+    Ret,
+    Trap,
+    /// An opcode this table does not know: treated as having every effect.
+    Unknown,
+}
+
+/// What an instruction does besides defining its `defs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Effects {
+    pub reads_memory: bool,
+    pub writes_memory: bool,
+    /// Synchronizes with other threads, or completes asynchronous work.
+    pub syncs: bool,
+    /// Transfers control (or may trap).
+    pub control: bool,
+}
+
+impl Effects {
+    pub const NONE: Effects = Effects {
+        reads_memory: false,
+        writes_memory: false,
+        syncs: false,
+        control: false,
+    };
+    pub const ALL: Effects = Effects {
+        reads_memory: true,
+        writes_memory: true,
+        syncs: true,
+        control: true,
+    };
+
+    /// No effect but the definition: removable when nothing reads it.
+    pub fn is_pure(self) -> bool {
+        self == Effects::NONE
+    }
+}
+
+/// Which operands an instruction defines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Roles {
+    /// The first operand (a register or a vector of them) is defined; every other
+    /// register operand, and any address register, is read.
+    DefFirst,
+    /// Every register operand is read; nothing is defined.
+    AllUses,
+}
+
+impl Family {
+    /// The family of an opcode's text (`ld.global.v4.b32` → `Ld(Global)`).
+    pub fn of(text: &str) -> Family {
+        let mut parts = text.split('.');
+        let head = parts.next().unwrap_or("");
+        let second = parts.next();
+        match head {
+            "mov" => Family::Mov,
+            "cvt" => Family::Cvt,
+            "cvta" => Family::Cvta,
+            "add" => Family::Add,
+            "sub" => Family::Sub,
+            "mul" => Family::Mul,
+            "mad" => Family::Mad,
+            "fma" => Family::Fma,
+            "div" => Family::Div,
+            "rem" => Family::Rem,
+            "neg" => Family::Neg,
+            "abs" => Family::Abs,
+            "min" => Family::Min,
+            "max" => Family::Max,
+            "and" => Family::And,
+            "or" => Family::Or,
+            "xor" => Family::Xor,
+            "not" => Family::Not,
+            "shl" => Family::Shl,
+            "shr" => Family::Shr,
+            "selp" => Family::Selp,
+            "setp" => Family::Setp,
+            "ex2" => Family::Ex2,
+            "lg2" => Family::Lg2,
+            "rsqrt" => Family::Rsqrt,
+            "sqrt" => Family::Sqrt,
+            "rcp" => Family::Rcp,
+            "tanh" => Family::Tanh,
+            "sin" => Family::Sin,
+            "cos" => Family::Cos,
+            "copysign" => Family::Copysign,
+            "bfe" => Family::Bfe,
+            "bfi" => Family::Bfi,
+            "prmt" => Family::Prmt,
+            "popc" => Family::Popc,
+            "clz" => Family::Clz,
+            "brev" => Family::Brev,
+            "lop3" => Family::Lop3,
+            "mapa" => Family::Mapa,
+            "createpolicy" => Family::Createpolicy,
+            "mma" => Family::Mma,
+            "ld" => Family::Ld(Space::parse(second)),
+            "st" => Family::St(Space::parse(second)),
+            "atom" => Family::Atom(Space::parse(second)),
+            "red" => Family::Red(Space::parse(second)),
+            "cp" => match (second, parts.next()) {
+                (Some("async"), Some("commit_group")) => Family::CpAsyncCommit,
+                (Some("async"), Some("wait_group" | "wait_all")) => Family::CpAsyncWait,
+                (Some("async"), Some("ca" | "cg")) => Family::CpAsync,
+                _ => Family::Unknown,
+            },
+            "ldmatrix" => Family::Ldmatrix,
+            "stmatrix" => Family::Stmatrix,
+            "shfl" => Family::Shfl,
+            "bar" | "barrier" if second == Some("cluster") => Family::BarrierCluster,
+            "bar" | "barrier" if second == Some("red") => Family::BarRed,
+            "bar" | "barrier" => Family::Bar,
+            "fence" | "membar" => Family::Fence,
+            "griddepcontrol" => Family::Griddepcontrol,
+            "bra" => Family::Bra,
+            "ret" | "exit" => Family::Ret,
+            "trap" => Family::Trap,
+            _ => Family::Unknown,
+        }
+    }
+
+    pub fn effects(self) -> Effects {
+        use Family::*;
+        let e = Effects::NONE;
+        match self {
+            Mov | Cvt | Cvta | Add | Sub | Mul | Mad | Fma | Div | Rem | Neg | Abs | Min | Max
+            | And | Or | Xor | Not | Shl | Shr | Selp | Setp | Ex2 | Lg2 | Rsqrt | Sqrt | Rcp
+            | Tanh | Sin | Cos | Copysign | Bfe | Bfi | Prmt | Popc | Clz | Brev | Lop3 | Mapa
+            | Createpolicy | Mma => e,
+            // Loads are kept even when unused (the data-dependent barrier reads them).
+            Ld(_) | Ldmatrix => Effects {
+                reads_memory: true,
+                ..e
+            },
+            St(_) | Stmatrix => Effects {
+                writes_memory: true,
+                ..e
+            },
+            Atom(_) | Red(_) | CpAsync => Effects {
+                reads_memory: true,
+                writes_memory: true,
+                ..e
+            },
+            Shfl => Effects { syncs: true, ..e },
+            CpAsyncCommit | CpAsyncWait | Bar | BarRed | BarrierCluster | Fence
+            | Griddepcontrol => Effects {
+                syncs: true,
+                reads_memory: true,
+                writes_memory: true,
+                ..e
+            },
+            Bra | Ret | Trap => Effects { control: true, ..e },
+            Unknown => Effects::ALL,
+        }
+    }
+
+    pub fn roles(self) -> Roles {
+        use Family::*;
+        match self {
+            St(_) | Red(_) | CpAsync | CpAsyncCommit | CpAsyncWait | Stmatrix | Bar
+            | BarrierCluster | Fence | Griddepcontrol | Bra | Ret | Trap => Roles::AllUses,
+            // An unknown instruction is assumed to read everything it names; what it
+            // defines is unknown, so it defines nothing a pass could miss (it is never
+            // removed).
+            Unknown => Roles::AllUses,
+            _ => Roles::DefFirst,
+        }
+    }
+}
+
+/// An instruction's opcode: its family (the type) and its full text (what the printer
+/// prints; nothing else reads it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Opcode {
+    pub family: Family,
+    pub text: String,
+}
+
+impl Opcode {
+    pub fn new(text: impl Into<String>) -> Opcode {
+        let text = text.into();
+        Opcode {
+            family: Family::of(&text),
+            text,
+        }
+    }
+}
+
+/// One instruction: `@{!}pred opcode operands;`, with the registers it defines and
+/// reads listed explicitly (passes read `defs` / `uses` and `opcode.family`, never the
+/// text).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Inst {
     pub guard: Option<(Reg, bool)>,
-    pub opcode: String,
+    pub opcode: Opcode,
     pub operands: Vec<Operand>,
+    pub defs: Vec<Reg>,
+    pub uses: Vec<Reg>,
+}
+
+impl Inst {
+    /// An instruction whose defs and uses follow its family's operand roles.
+    pub fn new(
+        guard: Option<(Reg, bool)>,
+        opcode: impl Into<String>,
+        operands: Vec<Operand>,
+    ) -> Inst {
+        let opcode = Opcode::new(opcode);
+        let (defs, uses) = roles_of(opcode.family.roles(), guard, &operands);
+        Inst {
+            guard,
+            opcode,
+            operands,
+            defs,
+            uses,
+        }
+    }
+
+    /// An instruction whose defs and uses the caller states (families whose operands do
+    /// not follow one pattern, such as an accumulator both read and written). The guard
+    /// is added to the uses.
+    pub fn with_roles(
+        guard: Option<(Reg, bool)>,
+        opcode: impl Into<String>,
+        operands: Vec<Operand>,
+        defs: Vec<Reg>,
+        mut uses: Vec<Reg>,
+    ) -> Inst {
+        if let Some((g, _)) = guard {
+            uses.insert(0, g);
+        }
+        Inst {
+            guard,
+            opcode: Opcode::new(opcode),
+            operands,
+            defs,
+            uses,
+        }
+    }
+
+    pub fn effects(&self) -> Effects {
+        self.opcode.family.effects()
+    }
+}
+
+/// The defs and uses of `operands` under `roles`, with the guard read.
+fn roles_of(
+    roles: Roles,
+    guard: Option<(Reg, bool)>,
+    operands: &[Operand],
+) -> (Vec<Reg>, Vec<Reg>) {
+    let mut defs = Vec::new();
+    let mut uses = Vec::new();
+    if let Some((g, _)) = guard {
+        uses.push(g);
+    }
+    for (k, op) in operands.iter().enumerate() {
+        let def = k == 0 && roles == Roles::DefFirst;
+        match op {
+            Operand::Reg(r) if def => defs.push(*r),
+            Operand::Reg(r) => uses.push(*r),
+            Operand::Vec(rs) if def => defs.extend(rs.iter().copied()),
+            Operand::Vec(rs) => uses.extend(rs.iter().copied()),
+            Operand::Mem(Addr::Reg(r), _) => uses.push(*r),
+            _ => {}
+        }
+    }
+    (defs, uses)
 }
 
 /// A line of the kernel body.

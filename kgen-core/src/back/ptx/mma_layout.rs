@@ -94,7 +94,10 @@ impl MmaLayout {
     /// The canonical layout over a 2-D tile `shape` (real extents; padded here).
     pub fn linear(&self, shape: &[u32]) -> Linear {
         let p = padded(shape);
-        let (r0, r1) = (p.first().copied().unwrap_or(1), p.get(1).copied().unwrap_or(1));
+        let (r0, r1) = (
+            p.first().copied().unwrap_or(1),
+            p.get(1).copied().unwrap_or(1),
+        );
         let (bits0, bits1) = (log2(r0) as u8, log2(r1) as u8);
         // Which dim is M, N or K, and how many of its bits each warp's part has.
         let (wm, wn) = (log2(self.warps_m) as u8, log2(self.warps_n) as u8);

@@ -167,6 +167,20 @@ pub fn write(
     let entry = func.name.clone();
     let mut body = lowered.body;
     dead_code::remove_dead_instructions(&mut body);
+    // Every opcode lowering emits has a row in the ISA table (its effects and operand
+    // roles); one without is a compiler bug, reported rather than printed.
+    if let Some(text) = body.iter().find_map(|s| match s {
+        isa::Stmt::Inst(i) if i.opcode.family == isa::Family::Unknown => {
+            Some(i.opcode.text.clone())
+        }
+        _ => None,
+    }) {
+        return Err(Diagnostics::single(Diagnostic::error(
+            ErrorCode::InvalidIr,
+            first_span,
+            format!("internal compiler error: opcode `{text}` has no entry in the ISA table"),
+        )));
+    }
     let module = isa::Module {
         version: target.ptx_version,
         target: target.ptx_target(),

@@ -180,12 +180,20 @@ mod tests {
         let t1 = a.alloc("convert", 2048, 16);
         a.free(t1);
         let t2 = a.alloc("reduce", 512, 16);
-        assert_eq!(a.offset(t2), a.offset(t1), "a freed temporary's bytes are reused");
+        assert_eq!(
+            a.offset(t2),
+            a.offset(t1),
+            "a freed temporary's bytes are reused"
+        );
         assert!(!overlaps(&a.range(ring), &a.range(t2)));
         a.free(t2);
         a.free(ring);
         let epilogue = a.alloc("epilogue", 16384, 16);
-        assert_eq!(a.offset(epilogue), 0, "after the loop, the ring's bytes are free");
+        assert_eq!(
+            a.offset(epilogue),
+            0,
+            "after the loop, the ring's bytes are free"
+        );
         assert_eq!(a.peak(), 3 * 8192 + 2048);
     }
 

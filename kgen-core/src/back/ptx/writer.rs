@@ -52,7 +52,7 @@ impl fmt::Display for Inst {
         if let Some((p, neg)) = self.guard {
             write!(f, "@{}{p} ", if neg { "!" } else { "" })?;
         }
-        f.write_str(&self.opcode)?;
+        f.write_str(&self.opcode.text)?;
         for (i, o) in self.operands.iter().enumerate() {
             f.write_str(if i == 0 { " " } else { ", " })?;
             write!(f, "{o}")?;

@@ -24,7 +24,7 @@ mod scratch;
 mod shape;
 
 use super::assign::Assignment;
-use super::isa::{Addr, Inst, Operand, Reg, RegClass, Stmt};
+use super::isa::{Addr, Family, Inst, Operand, Reg, RegClass, Space, Stmt};
 use super::layout::Linear;
 use crate::diag::{Diagnostic, Diagnostics, ErrorCode};
 use crate::ir::{Block, Function, InstId, Op, ReduceOp, ValueId};
@@ -265,11 +265,7 @@ impl<'a> Lowerer<'a> {
         opcode: impl Into<String>,
         operands: Vec<Operand>,
     ) {
-        self.push(Stmt::Inst(Inst {
-            guard,
-            opcode: opcode.into(),
-            operands,
-        }))
+        self.push(Stmt::Inst(Inst::new(guard, opcode.into(), operands)))
     }
 
     /// `opcode d, operands...` into a fresh register of `class`.
@@ -477,15 +473,10 @@ impl<'a> Lowerer<'a> {
                 Stmt::Comment(_) => continue,
                 Stmt::Inst(inst) => inst,
             };
-            if inst.opcode.starts_with("bar.") || inst.opcode.starts_with("barrier.") {
-                break;
-            }
-            if inst.opcode.starts_with("ld.global") {
-                match inst.operands.first() {
-                    Some(Operand::Reg(r)) => loaded.push(*r),
-                    Some(Operand::Vec(regs)) => loaded.extend(regs.first().copied()),
-                    _ => {}
-                }
+            match inst.opcode.family {
+                Family::Bar | Family::BarRed | Family::BarrierCluster => break,
+                Family::Ld(Space::Global) => loaded.extend(inst.defs.first().copied()),
+                _ => {}
             }
         }
         let mut any: Option<Reg> = None;
