@@ -15,8 +15,12 @@
 
 pub mod arena;
 pub mod display;
+pub mod props;
 
 pub use arena::{Arena, Handle};
+pub use props::{
+    for_each_operand, for_each_operand_mut, operands, props, regions, Effects, OpClass, OpProps,
+};
 
 use crate::span::Span;
 use crate::types::{DType, Scalar, ValueType};
@@ -436,133 +440,6 @@ impl Function {
             _ => None,
         }
     }
-
-    /// Every operand of an instruction (not including values used inside its regions).
-    pub fn operands(op: &Op) -> Vec<ValueId> {
-        match op {
-            Op::Const(_)
-            | Op::ProgramId(_)
-            | Op::NumPrograms(_)
-            | Op::ScalarParam(_)
-            | Op::TensorDim { .. }
-            | Op::TensorStride { .. }
-            | Op::Arange { .. } => vec![],
-            Op::Splat(v)
-            | Op::Broadcast(v)
-            | Op::Reshape(v)
-            | Op::ExpandDims(v, _)
-            | Op::Permute(v, _)
-            | Op::Unary(_, v)
-            | Op::Cast(v) => vec![*v],
-            Op::Reduce { value, .. } | Op::ClusterGather { value, .. } => vec![*value],
-            Op::ScratchLoad { slot, .. } => vec![*slot],
-            Op::ScratchStore { slot, value, .. } => vec![*slot, *value],
-            Op::ScratchFetch { slot, index, .. } => {
-                let mut v = vec![*slot];
-                v.extend(index.iter().copied());
-                v
-            }
-            Op::ScratchGather {
-                slot,
-                offsets,
-                mask,
-                ..
-            } => {
-                let mut v = vec![*slot];
-                v.extend(offsets.iter().copied());
-                v.extend(mask.iter().copied());
-                v
-            }
-            Op::ScratchWait { .. } | Op::GridDependency(_) | Op::Barrier => vec![],
-            Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
-            Op::Select(a, b, c) | Op::Fma(a, b, c) => vec![*a, *b, *c],
-            Op::Load { index, .. } => index.clone(),
-            Op::Store { index, value, .. } => {
-                let mut v = index.clone();
-                v.push(*value);
-                v
-            }
-            Op::Gather { offsets, mask, .. } => {
-                let mut v = offsets.clone();
-                v.extend(mask.iter().copied());
-                v
-            }
-            Op::Scatter {
-                offsets,
-                value,
-                mask,
-                ..
-            }
-            | Op::AtomicAdd {
-                offsets,
-                value,
-                mask,
-                ..
-            } => {
-                let mut v = offsets.clone();
-                v.push(*value);
-                v.extend(mask.iter().copied());
-                v
-            }
-            Op::Dot { a, b, acc } => vec![*a, *b, *acc],
-            Op::For {
-                lower,
-                upper,
-                step,
-                inits,
-                ..
-            } => {
-                let mut v = vec![*lower, *upper, *step];
-                v.extend(inits.iter().copied());
-                v
-            }
-            Op::If { cond, .. } => vec![*cond],
-            Op::Yield(vs) => vs.clone(),
-        }
-    }
-
-    /// True for instructions with an effect besides their results (memory writes,
-    /// control flow), which dead-code elimination must keep.
-    pub fn has_side_effects(op: &Op) -> bool {
-        matches!(
-            op,
-            Op::Store { .. }
-                | Op::Scatter { .. }
-                | Op::AtomicAdd { .. }
-                | Op::ScratchStore { .. }
-                | Op::ScratchFetch { .. }
-                | Op::ScratchGather { .. }
-                | Op::ScratchWait { .. }
-                | Op::GridDependency(_)
-                | Op::Barrier
-                | Op::For { .. }
-                | Op::If { .. }
-                | Op::Yield(_)
-        )
-    }
-}
-
-/// Whether `op` computes its result from its operands alone, element by element or by
-/// moving elements: constants, `splat`, `arange`, the element-wise ops and the shape ops.
-/// Such an instruction reads no memory, has no effect and exchanges nothing between
-/// blocks, so it can be moved earlier (past anything but its operands' definitions).
-pub fn is_pure_value_op(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Const(_)
-            | Op::Splat(_)
-            | Op::Arange { .. }
-            | Op::Unary(..)
-            | Op::Binary(..)
-            | Op::Compare(..)
-            | Op::Select(..)
-            | Op::Fma(..)
-            | Op::Cast(_)
-            | Op::Broadcast(_)
-            | Op::ExpandDims(..)
-            | Op::Reshape(_)
-            | Op::Permute(..)
-    )
 }
 
 /// Every instruction of `func`, in program order, a region's instructions right after the

@@ -1,6 +1,6 @@
 //! Common-subexpression elimination.
 //!
-//! Assumes: valid IR. Guarantees: a pure instruction (no memory access, no control flow)
+//! Assumes: valid IR. Guarantees: a pure instruction (`ir::props(..).is_pure()`: no effect)
 //! identical to an earlier one whose result is visible at its position is removed and its
 //! uses point at the earlier result. Loads are not merged (a store may come between).
 
@@ -17,28 +17,6 @@ pub(super) fn run(func: &mut Function) {
     replace_uses(func, &replace);
 }
 
-fn is_pure(op: &Op) -> bool {
-    !matches!(
-        op,
-        Op::Load { .. }
-            | Op::Gather { .. }
-            | Op::Store { .. }
-            | Op::Scatter { .. }
-            | Op::AtomicAdd { .. }
-            | Op::ClusterGather { .. }
-            | Op::ScratchLoad { .. }
-            | Op::ScratchStore { .. }
-            | Op::ScratchFetch { .. }
-            | Op::ScratchGather { .. }
-            | Op::ScratchWait { .. }
-            | Op::GridDependency(_)
-            | Op::Barrier
-            | Op::For { .. }
-            | Op::If { .. }
-            | Op::Yield(_)
-    )
-}
-
 fn visit(
     func: &mut Function,
     mut block: Block,
@@ -49,14 +27,14 @@ fn visit(
     for id in std::mem::take(&mut block.insts) {
         // Apply replacements found so far, so keys see canonical operands.
         let mut op = func.insts[id].op.clone();
-        for slot in super::rewrite::operands_mut(&mut op) {
+        crate::ir::for_each_operand_mut(&mut op, |slot| {
             if let Some(&n) = replace.get(slot) {
                 *slot = n;
             }
-        }
+        });
         func.insts[id].op = op;
         let inst = &func.insts[id];
-        if is_pure(&inst.op) && inst.results.len() == 1 {
+        if crate::ir::props(&inst.op).is_pure() && inst.results.len() == 1 {
             let result = inst.results[0];
             let key = format!("{:?}|{}", inst.op, func.values[result].ty);
             if let Some(&prev) = scopes.iter().rev().find_map(|s| s.get(&key)) {

@@ -1,7 +1,8 @@
 //! Dead-code elimination.
 //!
-//! Assumes: valid IR. Guarantees: every remaining instruction has a side effect
-//! (`Function::has_side_effects`) or a used result; iterates to a fixed point.
+//! Assumes: valid IR. Guarantees: every remaining instruction is not removable
+//! (`ir::props(..).is_removable()`: it writes, waits or holds a region) or has a used
+//! result; iterates to a fixed point.
 
 use super::rewrite::{all_insts, regions};
 use crate::ir::{Block, Function, Op, ValueId};
@@ -13,7 +14,7 @@ pub(super) fn run(func: &mut Function) {
         let mut ids = Vec::new();
         all_insts(func, &func.body, &mut ids);
         for id in &ids {
-            used.extend(Function::operands(&func.insts[*id].op));
+            used.extend(crate::ir::operands(&func.insts[*id].op));
         }
         let before = ids.len();
         let body = std::mem::take(&mut func.body);
@@ -30,8 +31,8 @@ fn prune(func: &mut Function, mut block: Block, used: &HashSet<ValueId>) -> Bloc
     let mut kept = Vec::with_capacity(block.insts.len());
     for id in std::mem::take(&mut block.insts) {
         let inst = &func.insts[id];
-        let live =
-            Function::has_side_effects(&inst.op) || inst.results.iter().any(|r| used.contains(r));
+        let live = !crate::ir::props(&inst.op).is_removable()
+            || inst.results.iter().any(|r| used.contains(r));
         if !live {
             continue;
         }

@@ -136,7 +136,7 @@ impl Validator<'_> {
         };
         self.info.num_insts += 1;
         let span = inst.span;
-        for operand in Function::operands(&inst.op) {
+        for operand in crate::ir::operands(&inst.op) {
             if !self.visible(operand) {
                 self.error(
                     span,

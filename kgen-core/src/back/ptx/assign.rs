@@ -221,7 +221,7 @@ impl Assigner<'_> {
         let mut uses: HashMap<ValueId, usize> = HashMap::new();
         let mut broadcasts: Vec<(ValueId, ValueId)> = Vec::new();
         crate::ir::visit_insts(func, vec![&func.body], |op| {
-            for o in Function::operands(op) {
+            for o in crate::ir::operands(op) {
                 *uses.entry(o).or_default() += 1;
             }
         });
@@ -509,7 +509,7 @@ pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<cra
             let here = w.pos;
             w.pos += 1;
             w.at.push(i);
-            for v in Function::operands(&inst.op) {
+            for v in crate::ir::operands(&inst.op) {
                 use_at(w, v, here, loops);
             }
             match &inst.op {

@@ -44,7 +44,7 @@ pub fn propagate(func: &Function, asg: &mut Assignment) {
         for &r in &inst.results {
             defs.insert(r, i);
         }
-        for o in Function::operands(&inst.op) {
+        for o in crate::ir::operands(&inst.op) {
             uses.entry(o).or_default().push(i);
         }
         if let Op::Store { tensor, .. }
@@ -174,8 +174,8 @@ impl Cheapness<'_> {
                         let d = crate::ir::shape_of(self.func.value_type(v)).to_vec();
                         layout::reshape_weights(&s, &d).is_some() && self.is_cheap(*src)
                     }
-                    _ if crate::ir::is_pure_value_op(op) => {
-                        Function::operands(op).iter().all(|&o| self.is_cheap(o))
+                    _ if crate::ir::props(op).is_movable_value() => {
+                        crate::ir::operands(op).iter().all(|&o| self.is_cheap(o))
                     }
                     Op::Load { tensor, .. } => {
                         let n: u64 = crate::ir::shape_of(self.func.value_type(v))

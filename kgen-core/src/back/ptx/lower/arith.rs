@@ -86,7 +86,7 @@ impl Lowerer<'_> {
             .ok_or_else(|| unsupported(span, "element-wise op without a result"))?;
         let lin = self.lin(res);
         let rdt = self.dtype(res);
-        let operands = crate::ir::Function::operands(&inst.op);
+        let operands = crate::ir::operands(&inst.op);
         let mut ins = Vec::new();
         for &o in &operands {
             ins.push(self.operand_in(o, &lin, span)?);

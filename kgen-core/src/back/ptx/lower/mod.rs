@@ -699,7 +699,7 @@ impl<'a> Lowerer<'a> {
     fn block(&mut self, b: &Block) -> R<Vec<ValueId>> {
         let mut local = HashMap::new();
         for &i in &b.insts {
-            for v in Function::operands(&self.func.insts[i].op) {
+            for v in crate::ir::operands(&self.func.insts[i].op) {
                 *local.entry(v).or_insert(0) += 1;
             }
         }
@@ -818,8 +818,8 @@ impl<'a> Lowerer<'a> {
                 }
                 continue;
             }
-            if crate::ir::is_pure_value_op(&inst.op)
-                && Function::operands(&inst.op)
+            if crate::ir::props(&inst.op).is_movable_value()
+                && crate::ir::operands(&inst.op)
                     .iter()
                     .all(|&o| available(o, &pure))
             {
@@ -837,7 +837,7 @@ impl<'a> Lowerer<'a> {
         while let Some(v) = work.pop() {
             if let Some(&j) = pure.get(&v) {
                 if needed.insert(j) {
-                    work.extend(Function::operands(&func.insts[j].op));
+                    work.extend(crate::ir::operands(&func.insts[j].op));
                 }
             }
         }
@@ -1111,7 +1111,7 @@ pub fn mem_sym(name: &str) -> Operand {
 
 fn count_uses(func: &Function, uses: &mut HashMap<ValueId, usize>) {
     for i in crate::ir::program_order(func) {
-        for v in Function::operands(&func.insts[i].op) {
+        for v in crate::ir::operands(&func.insts[i].op) {
             *uses.entry(v).or_insert(0) += 1;
         }
     }
