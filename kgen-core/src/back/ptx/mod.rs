@@ -21,6 +21,7 @@ pub mod lower;
 pub mod mma_layout;
 pub mod smem;
 pub mod swizzle;
+pub mod sync;
 pub mod writer;
 
 #[cfg(test)]

@@ -139,7 +139,15 @@ pub struct Lowerer<'a> {
     tid: Option<Reg>,
     bits_cache: HashMap<Vec<(u32, u32)>, Reg>,
     replica_cache: HashMap<u32, Reg>,
-    smem_base: Option<Reg>,
+    /// Registers holding `kg_smem + offset`, computed once in the prologue.
+    smem_addrs: HashMap<u32, Reg>,
+    /// The shared-memory allocator (`smem.rs`) and the synchronization tracker
+    /// (`sync.rs`): every cross-thread use of shared memory allocates through the first
+    /// and asks the second whether a barrier must come first.
+    pub smem: crate::back::ptx::smem::Allocator,
+    pub sync: crate::back::ptx::sync::Tracker,
+    /// The temporary of the shared-memory use in progress (`smem_begin` .. `smem_end`).
+    smem_temp: Option<crate::back::ptx::smem::BufId>,
     /// Where the scratch buffers live (`scratch.rs`), their total bytes at the start of
     /// `kg_smem`, and the register holding `kg_smem`.
     scratch: Vec<scratch::ScratchPlacement>,
@@ -148,7 +156,6 @@ pub struct Lowerer<'a> {
     /// L2 cache-policy registers (`createpolicy`), one per eviction policy in use.
     policy_cache: HashMap<crate::ir::Eviction, Reg>,
     zero16: Option<Reg>,
-    pub smem_bytes: u32,
     cluster_slots: u32,
     cluster_base: Option<Reg>,
     cluster_lane: Option<(Reg, Reg)>,
@@ -166,10 +173,12 @@ impl<'a> Lowerer<'a> {
         let mut uses = HashMap::new();
         count_uses(func, &mut uses);
         let threads = asg.num_warps * 32;
+        let mut smem = crate::back::ptx::smem::Allocator::new();
         let (scratch, scratch_bytes) = scratch::place(
             &func.scratch,
             |shape| asg.default_layout(shape).linear(shape, asg.num_warps),
             threads,
+            &mut smem,
         );
         Lowerer {
             func,
@@ -189,13 +198,15 @@ impl<'a> Lowerer<'a> {
             tid: None,
             bits_cache: HashMap::new(),
             replica_cache: HashMap::new(),
-            smem_base: None,
+            smem_addrs: HashMap::new(),
+            smem,
+            sync: crate::back::ptx::sync::Tracker::new(),
+            smem_temp: None,
             scratch,
             scratch_bytes,
             scratch_base: None,
             policy_cache: HashMap::new(),
             zero16: None,
-            smem_bytes: scratch_bytes,
             cluster_slots: 0,
             cluster_base: None,
             cluster_lane: None,
@@ -232,7 +243,7 @@ impl<'a> Lowerer<'a> {
         Ok(Lowered {
             body,
             reg_counts: self.reg_counts,
-            smem_bytes: self.smem_bytes,
+            smem_bytes: self.smem.peak(),
             scratch_bytes: self.scratch_bytes,
             scratch_slot_bytes: self.scratch.iter().map(|p| p.slot_bytes).collect(),
             cluster_slots: self.cluster_slots,
@@ -419,25 +430,25 @@ impl<'a> Lowerer<'a> {
         Some(p)
     }
 
-    /// The address (32-bit, `.shared` window) of the shared memory that layout
-    /// conversions and reductions use: `kg_smem`, past the scratch buffers.
-    pub fn smem_base(&mut self) -> Reg {
-        let after_scratch = self.scratch_bytes;
-        if after_scratch == 0 {
-            return self.prologue_symbol(|l| &mut l.smem_base, SMEM);
-        }
-        if let Some(r) = self.smem_base {
+    /// A register holding `kg_smem + offset` (the 32-bit `.shared` window address),
+    /// computed once in the prologue.
+    pub fn smem_at(&mut self, offset: u32) -> Reg {
+        if let Some(&r) = self.smem_addrs.get(&offset) {
             return r;
         }
         let base = self.scratch_base();
-        let r = self.in_prologue(|l| {
-            l.op1(
-                RegClass::B32,
-                "add.u32",
-                vec![base.into(), Operand::Imm(after_scratch as i64)],
-            )
-        });
-        self.smem_base = Some(r);
+        let r = if offset == 0 {
+            base
+        } else {
+            self.in_prologue(|l| {
+                l.op1(
+                    RegClass::B32,
+                    "add.u32",
+                    vec![base.into(), Operand::Imm(offset as i64)],
+                )
+            })
+        };
+        self.smem_addrs.insert(offset, r);
         r
     }
 
@@ -446,18 +457,55 @@ impl<'a> Lowerer<'a> {
         self.num_warps * 32
     }
 
-    /// Starts a use of shared memory of `bytes` (past the scratch buffers): waits until
-    /// every thread is done with the previous use.
+    /// Starts a use of shared memory through which threads exchange values: ends the
+    /// previous use (`smem_end`), allocates a temporary of `bytes`, and emits a block
+    /// barrier first when the tracker says a thread may still read or write those bytes
+    /// (`sync.rs`). Returns the temporary's address.
     pub fn smem_begin(&mut self, bytes: u32) -> Reg {
-        self.smem_bytes = self
-            .smem_bytes
-            .max(self.scratch_bytes.saturating_add(bytes));
-        self.emit("bar.sync", vec![Operand::Imm(0)]);
-        self.smem_base()
+        self.smem_end();
+        let id = self.smem.alloc("exchange", bytes, 16);
+        self.smem_temp = Some(id);
+        let range = self.smem.range(id);
+        if self.sync.before_write(range) {
+            self.emit_bar_sync();
+        }
+        self.smem_at(self.smem.offset(id))
     }
 
-    pub fn barrier(&mut self) {
-        self.emit("bar.sync", vec![Operand::Imm(0)]);
+    /// Between the writes and the reads of the use in progress: the block barrier that
+    /// makes the writes visible, when the tracker says it is needed.
+    pub fn smem_read_fence(&mut self) {
+        if let Some(id) = self.smem_temp {
+            let range = self.smem.range(id);
+            if self.sync.before_read(range) {
+                self.emit_bar_sync();
+            }
+        }
+    }
+
+    /// Ends the use in progress: its bytes may be reused (after whatever barrier the
+    /// tracker asks for then).
+    pub fn smem_end(&mut self) {
+        if let Some(id) = self.smem_temp.take() {
+            self.smem.free(id);
+        }
+    }
+
+    /// A block barrier (`bar.sync 0`), reported to the tracker.
+    pub fn emit_cta_barrier(&mut self) {
+        self.emit_bar_sync();
+        self.sync.barrier();
+    }
+
+    /// The `bar.sync 0` instruction alone, where the tracker asked for it (it has already
+    /// recorded the barrier).
+    fn emit_bar_sync(&mut self) {
+        let ops = crate::back::ptx::sync::Barrier::Cta
+            .sync_operands()
+            .into_iter()
+            .map(Operand::Imm)
+            .collect();
+        self.emit("bar.sync", ops);
     }
 
     /// The kernel's `barrier()`: a block barrier that each thread reaches only once the
@@ -508,8 +556,9 @@ impl<'a> Lowerer<'a> {
             Some(p) => {
                 let d = self.reg(RegClass::Pred);
                 self.emit("bar.red.or.pred", vec![d.into(), Operand::Imm(0), p.into()]);
+                self.sync.barrier();
             }
-            None => self.barrier(),
+            None => self.emit_cta_barrier(),
         }
     }
 
@@ -933,6 +982,7 @@ impl<'a> Lowerer<'a> {
         let head = self.new_label();
         let end = self.new_label();
         self.place_label(head);
+        self.sync.join();
         let p = self.op1(RegClass::Pred, "setp.ge.s32", vec![iv.into(), up.into()]);
         self.emit_if(Some((p, false)), "bra.uni", vec![Operand::Label(end)]);
         let yields = self.region(body)?;
@@ -940,6 +990,7 @@ impl<'a> Lowerer<'a> {
         self.emit("add.s32", vec![iv.into(), iv.into(), st.into()]);
         self.emit("bra.uni", vec![Operand::Label(head)]);
         self.place_label(end);
+        self.sync.join();
         for (k, &r) in inst.results.iter().enumerate() {
             if let Some(c) = carried.get(k) {
                 self.bind(r, c.clone());
@@ -978,9 +1029,11 @@ impl<'a> Lowerer<'a> {
         self.move_into(&y, &lins, &outs, span)?;
         self.emit("bra.uni", vec![Operand::Label(end)]);
         self.place_label(else_l);
+        self.sync.join();
         let y = self.region(else_body)?;
         self.move_into(&y, &lins, &outs, span)?;
         self.place_label(end);
+        self.sync.join();
         for (&r, o) in inst.results.iter().zip(outs) {
             self.bind(r, o);
         }

@@ -345,12 +345,13 @@ impl Lowerer<'_> {
                     self.reduce_store_partials(part, base, offset, region)?,
                 ));
             }
-            self.barrier();
+            self.smem_read_fence();
             for ((part, &(offset, region)), raddr) in parts.iter_mut().zip(&regions).zip(reads) {
                 if let Some(raddr) = raddr {
                     self.reduce_load_partials(part, raddr, offset, region);
                 }
             }
+            self.smem_end();
         }
         // 4. Results.
         for part in parts {

@@ -3,9 +3,10 @@
 //! Assumes: the function's scratch buffers are fixed before lowering (`Function::scratch`)
 //! and every access names a slot with an `i32` scalar (validated).
 //!
-//! Guarantees: the buffers sit at the start of the shared-memory array `kg_smem`, one
-//! after another (16-byte aligned); the layout conversions' scratch follows them
-//! (`Lowerer::smem_base` points past the buffers), so neither overwrites the other. A
+//! Guarantees: the buffers are shared-memory allocator buffers (`smem.rs`) alive for the
+//! whole kernel, allocated first, so they sit at the start of `kg_smem`, one after
+//! another (16-byte aligned); the layout conversions' temporaries are allocated while
+//! they are alive, so neither overwrites the other. A
 //! slot holds the tile in its *anchor layout*, thread-private: thread `t` keeps its
 //! registers, packed into 16-byte chunks, at `slot * slot_bytes + (c * threads + t) *
 //! chunk_bytes` for chunk `c`. A store converts the value to the anchor layout first; a
@@ -84,14 +85,15 @@ pub struct ScratchPlacement {
     pub chunk: usize,
 }
 
-/// Places `bufs` one after another from offset 0; returns the placements and the total
-/// bytes (a multiple of 16).
+/// Places `bufs` in shared memory through the allocator, each alive for the whole kernel
+/// (the language's rule), allocated first so they sit one after another from offset 0;
+/// returns the placements and the total bytes (a multiple of 16).
 pub fn place(
     bufs: &[ScratchBuf],
     anchor: impl Fn(&[u32]) -> Linear,
     threads: u32,
+    smem: &mut crate::back::ptx::smem::Allocator,
 ) -> (Vec<ScratchPlacement>, u32) {
-    let mut offset = 0u32;
     let mut out = Vec::with_capacity(bufs.len());
     for b in bufs {
         let layout = anchor(&b.slot_shape);
@@ -99,16 +101,16 @@ pub fn place(
         let regs = layout.num_regs();
         let chunk = (16 / es.max(1) as usize).clamp(1, regs.max(1));
         let slot_bytes = (regs as u32) * threads * es;
+        let bytes = slot_bytes.saturating_mul(b.slots).div_ceil(16) * 16;
+        let id = smem.alloc(b.name.clone(), bytes, 16);
         out.push(ScratchPlacement {
-            offset,
+            offset: smem.offset(id),
             slot_bytes,
             layout,
             chunk,
         });
-        let bytes = slot_bytes.saturating_mul(b.slots);
-        offset = offset.saturating_add(bytes.div_ceil(16) * 16);
     }
-    (out, offset)
+    (out, smem.peak())
 }
 
 impl Lowerer<'_> {

@@ -44,7 +44,7 @@ impl Lowerer<'_> {
         }
         self.comment("layout conversion through shared memory");
         let (slot, base) = self.smem_write(regs, src, dt, 0)?;
-        self.barrier();
+        self.smem_read_fence();
         // Read address: base + sum(thread_d * w_d) * slot.
         let mut t: Option<Reg> = None;
         for (d, &w) in weights.iter().enumerate().take(dst.rank()) {
@@ -73,6 +73,7 @@ impl Lowerer<'_> {
             let off: u64 = c.iter().zip(weights).map(|(&a, &w)| a as u64 * w).sum();
             out.push(self.smem_read(dt, addr, (off * slot as u64) as i64));
         }
+        self.smem_end();
         Ok(out)
     }
 
@@ -146,8 +147,8 @@ impl Lowerer<'_> {
                 vec![Operand::Mem(Addr::Reg(addr), off), v.into()],
             );
         }
-        self.barrier();
-        Ok((0..regs.len())
+        self.smem_read_fence();
+        let out = (0..regs.len())
             .map(|r| {
                 let off = (Self::lin_offset(lin, r) * slot) as i64;
                 self.op1(
@@ -156,7 +157,9 @@ impl Lowerer<'_> {
                     vec![Operand::Mem(Addr::Reg(addr), off)],
                 )
             })
-            .collect())
+            .collect();
+        self.smem_end();
+        Ok(out)
     }
 
     /// `base` + this thread's part of its elements' padded row-major offsets (bytes, at
@@ -265,7 +268,7 @@ impl Lowerer<'_> {
     ) -> R<Vec<Reg>> {
         self.comment("reshape through shared memory");
         let (slot, base) = self.smem_write(regs, src, dt, 0)?;
-        self.barrier();
+        self.smem_read_fence();
         let real_dst = row_major_strides(dst_shape);
         let real_src = row_major_strides(src_shape);
         let pad_src = row_major_strides(&src.shape);
@@ -315,6 +318,7 @@ impl Lowerer<'_> {
             let a = self.op1(RegClass::B32, "add.s32", vec![base.into(), idx.into()]);
             out.push(self.smem_read(dt, a, 0));
         }
+        self.smem_end();
         Ok(out)
     }
 
@@ -366,7 +370,7 @@ impl Lowerer<'_> {
         let base = self.smem_begin(a_bytes + pk * pn * 4);
         self.smem_write_at(&ra, &la, adt, base, 0)?;
         self.smem_write_at(&rb, &lb, bdt, base, a_bytes)?;
-        self.barrier();
+        self.smem_read_fence();
         // Per-thread row of A and column of B.
         let tm = self.thread_coord(&lin, 0);
         let tn = self.thread_coord(&lin, 1);
@@ -454,6 +458,7 @@ impl Lowerer<'_> {
             vec![k.into(), Operand::Imm(sa[1] as i64)],
         );
         self.emit_if(Some((p, false)), "bra.uni", vec![Operand::Label(head)]);
+        self.smem_end();
         self.bind(res, accs);
         Ok(())
     }
