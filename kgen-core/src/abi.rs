@@ -34,6 +34,10 @@ pub struct Specialization {
     pub num_warps: u32,
     /// Blocks per SM the registers must allow (`.minnctapersm`); `None`: no bound.
     pub min_blocks_per_sm: Option<u32>,
+    /// Software-pipeline depth of the loops that feed `dot` (`passes::pipeline`, Triton's
+    /// `num_stages`); `None`: the compiler's choice.
+    #[serde(default)]
+    pub num_stages: Option<u32>,
     /// Per tensor parameter, in parameter order: (name, assumed alignment in bytes).
     pub tensor_align: Vec<(String, u32)>,
 }
@@ -55,6 +59,9 @@ impl Specialization {
         s.push_str(&format!("__w{}", self.num_warps));
         if let Some(b) = self.min_blocks_per_sm {
             s.push_str(&format!("__b{b}"));
+        }
+        if let Some(n) = self.num_stages {
+            s.push_str(&format!("__s{n}"));
         }
         for (name, align) in &self.tensor_align {
             if *align < 16 {
@@ -81,8 +88,12 @@ impl Specialization {
             Some(b) => format!(";min_blocks_per_sm={b}"),
             None => String::new(),
         };
+        let stages = match self.num_stages {
+            Some(n) => format!(";stages={n}"),
+            None => String::new(),
+        };
         format!(
-            "{}<{}>;warps={}{blocks};align={}",
+            "{}<{}>;warps={}{blocks}{stages};align={}",
             self.kernel,
             consts.join(","),
             self.num_warps,

@@ -30,6 +30,10 @@ pub struct CompileOptions {
     pub min_blocks_per_sm: Option<u32>,
     /// Assumed alignment (bytes) per tensor parameter name; unnamed tensors assume 16.
     pub tensor_align: Vec<(String, u32)>,
+    /// Software-pipeline depth of the loops whose loads feed a tensor-core `dot`
+    /// (Triton's `num_stages`: that many tiles of each operand in flight in shared
+    /// memory); `None` lets the compiler choose (3, fewer where shared memory is short).
+    pub num_stages: Option<u32>,
 }
 
 impl CompileOptions {
@@ -41,6 +45,7 @@ impl CompileOptions {
             num_warps: None,
             min_blocks_per_sm: None,
             tensor_align: Vec::new(),
+            num_stages: None,
         }
     }
 

@@ -563,6 +563,7 @@ fn axpy_kernel(arch: kgen_core::Arch) -> kgen_core::CompiledKernel {
             consts: vec![],
             num_warps: 4,
             min_blocks_per_sm: None,
+            num_stages: None,
             tensor_align: vec![],
         },
     }

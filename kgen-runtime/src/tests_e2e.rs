@@ -149,6 +149,7 @@ fn compile(f: &Function, arch: Arch, warps: u32) -> kgen_core::CompiledKernel {
         consts: vec![],
         num_warps: warps,
         min_blocks_per_sm: None,
+        num_stages: None,
         tensor_align: vec![],
     };
     kgen_core::back::ptx::write(f, &info, &arch.target(), &spec)

@@ -160,6 +160,12 @@ pub fn lower_kernel(
         Some(w) => w,
         None => default_warps(c.max_tile),
     };
+    if let Some(n) = opts.num_stages.filter(|&n| n == 0 || n > MAX_STAGES) {
+        c.push(Diagnostic::unlocated(
+            ErrorCode::BadSpecialization,
+            format!("--stages {n}: the pipeline depth must be from 1 to {MAX_STAGES}"),
+        ));
+    }
     if opts.min_blocks_per_sm == Some(0) {
         c.push(Diagnostic::unlocated(
             ErrorCode::BadSpecialization,
@@ -174,12 +180,16 @@ pub fn lower_kernel(
         consts,
         num_warps,
         min_blocks_per_sm: opts.min_blocks_per_sm,
+        num_stages: opts.num_stages,
         tensor_align,
     };
     c.func.name = spec.entry_name();
     c.func.body = c.blocks.pop().unwrap_or_default();
     Ok((c.func, spec))
 }
+
+/// The deepest software pipeline `--stages` may ask for.
+pub const MAX_STAGES: u32 = 8;
 
 /// Warps from the largest tile: about 8 elements per thread (tile elements / 256),
 /// rounded down to a power of two, 1 to 16 warps.

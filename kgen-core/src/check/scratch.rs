@@ -49,6 +49,7 @@ impl Checker<'_> {
             slots: slots as u32,
             slot_shape: shape.dims().to_vec(),
             span,
+            shared: false,
         });
         Ev::Scratch(id)
     }

@@ -67,8 +67,9 @@ impl Printer<'_> {
             let shape: Vec<String> = b.slot_shape.iter().map(|d| d.to_string()).collect();
             writeln!(
                 self.out,
-                "  #{i} {}: scratch {} x tile<{}, [{}]>",
+                "  #{i} {}: {} {} x tile<{}, [{}]>",
                 b.name,
+                if b.shared { "shared" } else { "scratch" },
                 b.slots,
                 b.dtype,
                 shape.join(", ")

@@ -56,6 +56,13 @@ pub struct ScratchBuf {
     pub slot_shape: Vec<u32>,
     /// The `scratch(...)` call.
     pub span: Span,
+    /// A buffer the compiler made (`passes::pipeline`) to stage tiles for `dot`: its slots
+    /// are shared by the block's threads (any thread may read any element), so the back
+    /// end lays it out for `ldmatrix` (swizzled) and synchronizes the block between a
+    /// fetch's completion and the reads. User buffers (`scratch(...)`) are thread-private:
+    /// each thread reads back what it stored. The semantics of the scratch ops are the
+    /// same for both.
+    pub shared: bool,
 }
 
 /// A kernel parameter, in source order.

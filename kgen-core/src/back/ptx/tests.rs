@@ -276,6 +276,7 @@ pub fn spec(name: &str, warps: u32) -> Specialization {
         consts: vec![],
         num_warps: warps,
         min_blocks_per_sm: None,
+        num_stages: None,
         tensor_align: vec![],
     }
 }
