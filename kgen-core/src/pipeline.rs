@@ -68,7 +68,10 @@ pub fn compile_to_ir(
 ) -> Result<(ir::Function, crate::abi::Specialization), Diagnostics> {
     let module = front::parse(file)?;
     let (mut func, spec) = check::lower_kernel(&module, opts)?;
-    passes::optimize(&mut func);
+    passes::optimize(
+        &mut func,
+        &passes::PassOptions::for_target(&spec, &opts.arch.target()),
+    )?;
     valid::validate(&func)?;
     Ok((func, spec))
 }

@@ -32,7 +32,10 @@ pub fn validate(module: &ast::Module, map: &SpanMap) -> Result<(), syn::Error> {
     };
     let run = || -> Result<(), kgen_core::Diagnostics> {
         let (mut func, spec) = kgen_core::check::lower_kernel(module, &opts)?;
-        kgen_core::passes::optimize(&mut func);
+        kgen_core::passes::optimize(
+            &mut func,
+            &kgen_core::passes::PassOptions::for_target(&spec, &opts.arch.target()),
+        )?;
         let info = kgen_core::valid::validate(&func)?;
         kgen_core::back::ptx::write(&func, &info, &opts.arch.target(), &spec)?;
         Ok(())

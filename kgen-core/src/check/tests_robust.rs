@@ -308,7 +308,7 @@ fn random_asts_never_panic_and_accepted_ir_is_valid() {
                 if let Err(d) = crate::valid::validate(&f) {
                     panic!("seed {seed}: checker accepted invalid IR: {d}\n{f}\n{module:#?}");
                 }
-                crate::passes::optimize(&mut f);
+                crate::passes::optimize(&mut f, &crate::passes::PassOptions::default()).unwrap();
                 if let Err(d) = crate::valid::validate(&f) {
                     panic!("seed {seed}: invalid IR after optimization: {d}\n{f}");
                 }

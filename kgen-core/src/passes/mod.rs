@@ -2,19 +2,53 @@
 //!
 //! 1. `cse`: pure instructions computed twice with the same operands are computed once.
 //! 2. `dce`: pure instructions whose results are unused are removed.
+//! 3. `pipeline` (when [`PassOptions::pipeline`] is given): the loads that feed
+//!    tensor-core `dot`s in loops become fetches into staged shared buffers, `num_stages`
+//!    deep; then `cse` and `dce` again (the loads' index arithmetic is left unused).
 //!
 //! Each pass keeps every invariant of `ir/mod.rs` (the pipeline validates after them).
 
 mod cse;
 mod dce;
+pub mod pipeline;
 mod rewrite;
 
+use crate::diag::Diagnostics;
 use crate::ir::Function;
 
+/// What the passes need beyond the IR.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassOptions {
+    /// Software pipelining of `dot` loops; `None` skips it.
+    pub pipeline: Option<pipeline::PipelineOptions>,
+}
+
+impl PassOptions {
+    /// Every pass, for a specialization on a target.
+    pub fn for_target(
+        spec: &crate::abi::Specialization,
+        target: &crate::target::Target,
+    ) -> PassOptions {
+        PassOptions {
+            pipeline: Some(pipeline::PipelineOptions {
+                num_stages: spec.num_stages,
+                num_warps: spec.num_warps,
+                max_shared_bytes: target.max_shared_bytes_per_block,
+            }),
+        }
+    }
+}
+
 /// Runs the optimization passes in order.
-pub fn optimize(func: &mut Function) {
+pub fn optimize(func: &mut Function, opts: &PassOptions) -> Result<(), Diagnostics> {
     cse::run(func);
     dce::run(func);
+    if let Some(p) = &opts.pipeline {
+        pipeline::run(func, p)?;
+        cse::run(func);
+        dce::run(func);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

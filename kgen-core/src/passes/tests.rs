@@ -78,7 +78,7 @@ fn build() -> Function {
 fn cse_merges_and_dce_removes() {
     let mut f = build();
     assert_eq!(f.body.insts.len(), 7);
-    super::optimize(&mut f);
+    super::optimize(&mut f, &super::PassOptions::default()).unwrap();
     crate::valid::validate(&f).expect("still valid");
     // One mul merged, the dead sub removed.
     assert_eq!(f.body.insts.len(), 5, "{f}");

@@ -1,0 +1,625 @@
+//! Software pipelining of the loops that feed tensor-core `dot`s (Triton's
+//! `num_stages`).
+//!
+//! A `for` loop whose body loads the tiles a `dot` multiplies, with the plain source
+//!
+//! ```text
+//! for k in lo..hi step st { a = load(A, idx_a(k)); b = load(B, idx_b(k)); acc = dot(a, b, acc) }
+//! ```
+//!
+//! becomes, with `S` stages and `F` loads staged per iteration,
+//!
+//! ```text
+//! bufs: shared scratch buffers of S slots, one per staged load
+//! fetch iteration s into slot s, for s in 0..S-1            (the prologue)
+//! for k ... carrying slot (0 at the start) {
+//!     scratch_wait((S-2) * F)                               (iteration k's tiles are in)
+//!     fetch iteration k + (S-1)*st into slot (slot-1) mod S (the slot read last iteration)
+//!     a = scratch_load(buf_a, slot); ...                    (where the loads were)
+//!     slot = (slot + 1) mod S
+//! }
+//! scratch_wait(0)
+//! ```
+//!
+//! (With `S = 1`: fetch, `scratch_wait(0)`, load, in each iteration.) Fetches of
+//! iterations past the loop's end get a tile index of -1 in their first dimension: out of
+//! bounds, so they copy zeros and read no memory; their slots are never read.
+//!
+//! Assumes: valid IR; `num_warps` is the block's warp count. A load is staged only when:
+//! it is at the top level of the loop body; its tensor is never written by the kernel (the
+//! runtime refuses a launch where a written tensor overlaps another argument, so moving
+//! such a read earlier cannot change what it reads); every index is computed, by
+//! element-wise and constant ops at the top level of the body, from the induction
+//! variable and values defined outside the loop; and its value reaches a `dot` that the
+//! tensor-core lowering takes (f16/bf16 operands of one dtype, an f32 accumulator, tile
+//! shapes that hold whole `mma.m16n8k16` instructions on the warp grid), directly or
+//! through `transpose`.
+//! Guarantees: ordinary IR with the scratch ops' documented semantics, so the interpreter
+//! runs the pipelined kernel (and its in-flight checks reject a slot read or overwritten
+//! while a fetch into it is pending: every kernel the tests run checks the rewrite). The
+//! staged buffers are `ScratchBuf::shared`: the back end lays them out for `ldmatrix`
+//! and places the block barriers (`back/ptx/sync.rs`). An explicit stage count whose
+//! buffers exceed the target's shared memory is a located `TargetLimit` diagnostic; the
+//! default (3) is lowered until they fit.
+
+use crate::diag::{Diagnostic, Diagnostics, ErrorCode};
+use crate::ir::{
+    props, BinaryOp, Block, Builder, CmpOp, Function, InstId, Op, OpClass, ScratchBuf, ValueId,
+};
+use crate::span::Span;
+use crate::types::{DType, Scalar, ValueType};
+use std::collections::{HashMap, HashSet};
+
+/// The default pipeline depth.
+pub const DEFAULT_STAGES: u32 = 3;
+
+/// What the pass needs to know about the target and the specialization.
+#[derive(Clone, Copy, Debug)]
+pub struct PipelineOptions {
+    /// `Some(n)`: the user's `num_stages`; `None`: [`DEFAULT_STAGES`], lowered to fit.
+    pub num_stages: Option<u32>,
+    pub num_warps: u32,
+    /// Shared memory one block may use.
+    pub max_shared_bytes: u32,
+}
+
+/// Pipelines every qualifying loop of `func` (inner loops first).
+pub fn run(func: &mut Function, opts: &PipelineOptions) -> Result<(), Diagnostics> {
+    let written = written_tensors(func);
+    let body = std::mem::take(&mut func.body);
+    let r = visit_block(func, body, &written, opts);
+    match r {
+        Ok(b) => {
+            func.body = b;
+            Ok(())
+        }
+        Err((b, e)) => {
+            func.body = b;
+            Err(e)
+        }
+    }
+}
+
+type Visit = Result<Block, (Block, Diagnostics)>;
+
+fn visit_block(
+    func: &mut Function,
+    mut block: Block,
+    written: &HashSet<u32>,
+    o: &PipelineOptions,
+) -> Visit {
+    let mut k = 0;
+    while k < block.insts.len() {
+        let id = block.insts[k];
+        // Inner regions first.
+        let mut op = func.insts[id].op.clone();
+        let mut err = None;
+        match &mut op {
+            Op::For { body, .. } => match visit_block(func, std::mem::take(body), written, o) {
+                Ok(b) => *body = b,
+                Err((b, e)) => {
+                    *body = b;
+                    err = Some(e);
+                }
+            },
+            Op::If {
+                then_body,
+                else_body,
+                ..
+            } => {
+                for b in [then_body, else_body] {
+                    match visit_block(func, std::mem::take(b), written, o) {
+                        Ok(nb) => *b = nb,
+                        Err((nb, e)) => {
+                            *b = nb;
+                            err = Some(e);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        func.insts[id].op = op;
+        if let Some(e) = err {
+            return Err((block, e));
+        }
+        if matches!(func.insts[id].op, Op::For { .. }) {
+            match pipeline_loop(func, id, written, o) {
+                Ok(Some((before, after))) => {
+                    let n = before.len();
+                    block.insts.splice(k..k, before);
+                    k += n;
+                    block.insts.splice(k + 1..k + 1, after);
+                }
+                Ok(None) => {}
+                Err(e) => return Err((block, e)),
+            }
+        }
+        k += 1;
+    }
+    Ok(block)
+}
+
+/// Tensors the kernel writes (stores, scatters, atomics), anywhere.
+fn written_tensors(func: &Function) -> HashSet<u32> {
+    let mut w = HashSet::new();
+    crate::ir::visit_insts(func, vec![&func.body], |op| match op {
+        Op::Store { tensor, .. } | Op::Scatter { tensor, .. } | Op::AtomicAdd { tensor, .. } => {
+            w.insert(*tensor);
+        }
+        _ => {}
+    });
+    w
+}
+
+/// Whether `dot(a, b, acc)` goes to the tensor cores (see the module docs).
+pub fn mma_dot(func: &Function, a: ValueId, b: ValueId, acc: ValueId, num_warps: u32) -> bool {
+    let (ta, tb, tc) = (func.value_type(a), func.value_type(b), func.value_type(acc));
+    let (Some(sa), Some(sb)) = (ta.shape(), tb.shape()) else {
+        return false;
+    };
+    let (sa, sb) = (sa.dims(), sb.dims());
+    if sa.len() != 2 || sb.len() != 2 {
+        return false;
+    }
+    let half = matches!(ta.dtype(), DType::F16 | DType::BF16);
+    if !half || ta.dtype() != tb.dtype() || tc.dtype() != DType::F32 {
+        return false;
+    }
+    let (m, k, n) = (sa[0], sa[1], sb[1]);
+    let grid = crate::back::ptx::mma_layout::warp_grid(m, n, num_warps);
+    crate::back::ptx::mma_layout::mma_shape_ok(m, n, k, grid)
+}
+
+/// One load to stage.
+struct Staged {
+    load: InstId,
+    tensor: u32,
+    index: Vec<ValueId>,
+    padding: Scalar,
+    eviction: crate::ir::Eviction,
+    dtype: DType,
+    shape: Vec<u32>,
+    name: String,
+    span: Span,
+}
+
+/// Rewrites the `for` `id` (see the module docs). Returns the instructions to put before
+/// and after it in its block, or `None` when it has nothing to stage.
+fn pipeline_loop(
+    func: &mut Function,
+    id: InstId,
+    written: &HashSet<u32>,
+    o: &PipelineOptions,
+) -> Result<Option<(Vec<InstId>, Vec<InstId>)>, Diagnostics> {
+    let Op::For {
+        lower,
+        upper,
+        step,
+        body,
+        ..
+    } = func.insts[id].op.clone()
+    else {
+        return Ok(None);
+    };
+    let Some(&iv) = body.args.first() else {
+        return Ok(None);
+    };
+    // Where each value of the body's top level is defined.
+    let mut def: HashMap<ValueId, InstId> = HashMap::new();
+    for &i in &body.insts {
+        for &r in &func.insts[i].results {
+            def.insert(r, i);
+        }
+    }
+    let body_values: HashSet<ValueId> = {
+        let mut s: HashSet<ValueId> = body.args.iter().copied().collect();
+        let mut all = Vec::new();
+        collect_defs(func, &body, &mut all);
+        s.extend(all);
+        s
+    };
+    // The loads the body's tensor-core dots read.
+    let mut staged: Vec<Staged> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut dot_span = None;
+    for &i in &body.insts {
+        let Op::Dot { a, b, acc } = func.insts[i].op else {
+            continue;
+        };
+        if !mma_dot(func, a, b, acc, o.num_warps) {
+            continue;
+        }
+        dot_span.get_or_insert(func.insts[i].span);
+        for x in [a, b] {
+            let x = match def.get(&x).map(|&d| &func.insts[d].op) {
+                Some(Op::Permute(v, p)) if p.as_slice() == [1, 0] => *v,
+                _ => x,
+            };
+            let Some(&l) = def.get(&x) else { continue };
+            let Op::Load {
+                tensor,
+                index,
+                padding,
+                eviction,
+            } = &func.insts[l].op
+            else {
+                continue;
+            };
+            if written.contains(tensor) || !seen.insert(l) {
+                continue;
+            }
+            if !index
+                .iter()
+                .all(|&v| computable(func, v, iv, &def, &body_values))
+            {
+                continue;
+            }
+            let ty = func.value_type(x).clone();
+            staged.push(Staged {
+                load: l,
+                tensor: *tensor,
+                index: index.clone(),
+                padding: *padding,
+                eviction: *eviction,
+                dtype: ty.dtype(),
+                shape: crate::ir::shape_of(&ty).to_vec(),
+                name: func.values[x]
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| format!("tile{}", staged.len())),
+                span: func.insts[l].span,
+            });
+        }
+    }
+    if staged.is_empty() {
+        return Ok(None);
+    }
+    let stages = choose_stages(&staged, o, dot_span.unwrap_or(func.insts[id].span))?;
+    let Some(s_count) = stages else {
+        return Ok(None);
+    };
+    Ok(Some(rewrite(
+        func, id, iv, lower, upper, step, &staged, s_count, &def,
+    )))
+}
+
+/// Every value defined in `block` and its regions.
+fn collect_defs(func: &Function, block: &Block, out: &mut Vec<ValueId>) {
+    for &i in &block.insts {
+        out.extend(func.insts[i].results.iter().copied());
+        for r in crate::ir::regions(&func.insts[i].op) {
+            out.extend(r.args.iter().copied());
+            collect_defs(func, r, out);
+        }
+    }
+}
+
+/// Whether `v` can be recomputed for another iteration at the top of the body: the
+/// induction variable, a value from outside the loop, or a constant / element-wise /
+/// shape op of the body's top level over such values.
+fn computable(
+    func: &Function,
+    v: ValueId,
+    iv: ValueId,
+    def: &HashMap<ValueId, InstId>,
+    body_values: &HashSet<ValueId>,
+) -> bool {
+    if v == iv || !body_values.contains(&v) {
+        return true;
+    }
+    let Some(&i) = def.get(&v) else {
+        return false;
+    };
+    let op = &func.insts[i].op;
+    let p = props(op);
+    matches!(
+        p.class,
+        OpClass::Constant | OpClass::Elementwise | OpClass::Shape | OpClass::Query
+    ) && p.is_pure()
+        && crate::ir::operands(op)
+            .into_iter()
+            .all(|o| computable(func, o, iv, def, body_values))
+}
+
+/// The stage count: the user's (an error when its buffers do not fit), or the default
+/// lowered until they do (`None` when not even one stage fits: nothing is staged).
+fn choose_stages(
+    staged: &[Staged],
+    o: &PipelineOptions,
+    span: Span,
+) -> Result<Option<u32>, Diagnostics> {
+    let per_stage: u64 = staged
+        .iter()
+        .map(|s| {
+            let n: u64 = s
+                .shape
+                .iter()
+                .map(|&d| d.max(1).next_power_of_two() as u64)
+                .product();
+            n * s.dtype.size_bytes() as u64
+        })
+        .sum();
+    let fits = |s: u32| per_stage * s as u64 <= o.max_shared_bytes as u64;
+    match o.num_stages {
+        Some(s) if fits(s) => Ok(Some(s)),
+        Some(s) => {
+            let best = (1..s).rev().find(|&k| fits(k));
+            let tiles: Vec<String> = staged
+                .iter()
+                .map(|t| {
+                    let n: u64 = t
+                        .shape
+                        .iter()
+                        .map(|&d| d.max(1).next_power_of_two() as u64)
+                        .product();
+                    format!("`{}` {} bytes", t.name, n * t.dtype.size_bytes() as u64)
+                })
+                .collect();
+            let help = match best {
+                Some(b) => format!("help: use {b} stages (`--stages {b}`), or smaller tiles"),
+                None => "help: use smaller tiles: not even one stage fits".to_string(),
+            };
+            Err(Diagnostics::single(
+                Diagnostic::error(
+                    ErrorCode::TargetLimit,
+                    span,
+                    format!(
+                        "{s} pipeline stages need {} bytes of shared memory for the tiles this `dot` reads ({} per stage: {}); the target allows {} per block",
+                        per_stage * s as u64,
+                        per_stage,
+                        tiles.join(", "),
+                        o.max_shared_bytes
+                    ),
+                )
+                .with_note(help),
+            ))
+        }
+        None => Ok((1..=DEFAULT_STAGES).rev().find(|&k| fits(k))),
+    }
+}
+
+/// Builds the pipelined form (module docs).
+#[allow(clippy::too_many_arguments)]
+fn rewrite(
+    func: &mut Function,
+    for_id: InstId,
+    iv: ValueId,
+    lower: ValueId,
+    upper: ValueId,
+    step: ValueId,
+    staged: &[Staged],
+    stages: u32,
+    def: &HashMap<ValueId, InstId>,
+) -> (Vec<InstId>, Vec<InstId>) {
+    let span = func.insts[for_id].span;
+    let i32t = ValueType::Scalar(DType::I32);
+    let boolt = ValueType::Scalar(DType::Bool);
+    let bufs: Vec<u32> = staged
+        .iter()
+        .map(|s| {
+            func.scratch.push(ScratchBuf {
+                name: format!("stage_{}", s.name),
+                dtype: s.dtype,
+                slots: stages,
+                slot_shape: s.shape.clone(),
+                span: s.span,
+                shared: true,
+            });
+            (func.scratch.len() - 1) as u32
+        })
+        .collect();
+    let fetches_per_iter = staged.len() as u32;
+    let mut b = Builder { func };
+    let konst = |b: &mut Builder, blk: &mut Block, v: i64| {
+        b.inst(
+            blk,
+            Op::Const(Scalar::Int(v, DType::I32)),
+            vec![i32t.clone()],
+            span,
+        )[0]
+    };
+    // Fetches iteration `it` (an i32 value) of every staged load into `slot`.
+    let fetch = |b: &mut Builder, blk: &mut Block, it: ValueId, slot: ValueId| {
+        let in_range = b.inst(
+            blk,
+            Op::Compare(CmpOp::Lt, it, upper),
+            vec![boolt.clone()],
+            span,
+        )[0];
+        for (s, &buf) in staged.iter().zip(&bufs) {
+            let mut memo = HashMap::new();
+            let mut index: Vec<ValueId> = s
+                .index
+                .iter()
+                .map(|&v| clone_chain(b, blk, v, iv, it, def, &mut memo))
+                .collect();
+            if let Some(first) = index.first_mut() {
+                let minus1 = konst(b, blk, -1);
+                *first = b.inst(
+                    blk,
+                    Op::Select(in_range, *first, minus1),
+                    vec![i32t.clone()],
+                    span,
+                )[0];
+            }
+            b.inst(
+                blk,
+                Op::ScratchFetch {
+                    buf,
+                    slot,
+                    tensor: s.tensor,
+                    index,
+                    padding: s.padding,
+                    eviction: s.eviction,
+                },
+                vec![],
+                span,
+            );
+        }
+    };
+    // Iteration `it0 + k * step`.
+    let iter_at = |b: &mut Builder, blk: &mut Block, it0: ValueId, k: i64| {
+        if k == 0 {
+            return it0;
+        }
+        let kk = konst(b, blk, k);
+        let off = b.inst(
+            blk,
+            Op::Binary(BinaryOp::Mul, step, kk),
+            vec![i32t.clone()],
+            span,
+        )[0];
+        b.inst(
+            blk,
+            Op::Binary(BinaryOp::Add, it0, off),
+            vec![i32t.clone()],
+            span,
+        )[0]
+    };
+
+    let mut before = Block::default();
+    let mut top = Block::default();
+    let slot_arg;
+    if stages == 1 {
+        let zero = konst(&mut b, &mut top, 0);
+        fetch(&mut b, &mut top, iv, zero);
+        b.inst(&mut top, Op::ScratchWait { pending: 0 }, vec![], span);
+        slot_arg = zero;
+    } else {
+        for s in 0..stages - 1 {
+            let it = iter_at(&mut b, &mut before, lower, s as i64);
+            let slot = konst(&mut b, &mut before, s as i64);
+            fetch(&mut b, &mut before, it, slot);
+        }
+        let init = konst(&mut b, &mut before, 0);
+        let arg = b.new_value(i32t.clone(), Some("stage".into()));
+        slot_arg = arg;
+        b.inst(
+            &mut top,
+            Op::ScratchWait {
+                pending: (stages - 2) * fetches_per_iter,
+            },
+            vec![],
+            span,
+        );
+        let it = iter_at(&mut b, &mut top, iv, (stages - 1) as i64);
+        // The slot read in the last iteration: (slot + S - 1) mod S.
+        let zero = konst(&mut b, &mut top, 0);
+        let last = konst(&mut b, &mut top, (stages - 1) as i64);
+        let one = konst(&mut b, &mut top, 1);
+        let is0 = b.inst(
+            &mut top,
+            Op::Compare(CmpOp::Eq, arg, zero),
+            vec![boolt.clone()],
+            span,
+        )[0];
+        let dec = b.inst(
+            &mut top,
+            Op::Binary(BinaryOp::Sub, arg, one),
+            vec![i32t.clone()],
+            span,
+        )[0];
+        let ws = b.inst(
+            &mut top,
+            Op::Select(is0, last, dec),
+            vec![i32t.clone()],
+            span,
+        )[0];
+        fetch(&mut b, &mut top, it, ws);
+        // The carried slot: init, argument, next value and (unused) result.
+        let inc = b.inst(
+            &mut top,
+            Op::Binary(BinaryOp::Add, arg, one),
+            vec![i32t.clone()],
+            span,
+        )[0];
+        let sc = konst(&mut b, &mut top, stages as i64);
+        let wrap = b.inst(
+            &mut top,
+            Op::Compare(CmpOp::Eq, inc, sc),
+            vec![boolt.clone()],
+            span,
+        )[0];
+        let next = b.inst(
+            &mut top,
+            Op::Select(wrap, zero, inc),
+            vec![i32t.clone()],
+            span,
+        )[0];
+        let result = b.new_value(i32t.clone(), Some("stage".into()));
+        let func = &mut *b.func;
+        func.insts[for_id].results.push(result);
+        if let Op::For { inits, body, .. } = &mut func.insts[for_id].op {
+            inits.push(init);
+            body.args.push(arg);
+            // The yield is the body's last instruction.
+            if let Some(&y) = body.insts.last() {
+                if let Op::Yield(vs) = &mut func.insts[y].op {
+                    vs.push(next);
+                }
+            }
+        }
+    }
+    // The loads become reads of the slot.
+    let func = &mut *b.func;
+    for (s, &buf) in staged.iter().zip(&bufs) {
+        func.insts[s.load].op = Op::ScratchLoad {
+            buf,
+            slot: slot_arg,
+        };
+    }
+    if let Op::For { body, .. } = &mut func.insts[for_id].op {
+        let mut insts = top.insts;
+        insts.append(&mut body.insts);
+        body.insts = insts;
+    }
+    let mut after = Block::default();
+    let mut b = Builder { func };
+    b.inst(&mut after, Op::ScratchWait { pending: 0 }, vec![], span);
+    (before.insts, after.insts)
+}
+
+/// `v` recomputed with the induction variable `iv` replaced by `it` (a value available at
+/// the insertion point): values from outside the body are used as they are; the body's
+/// constant / element-wise / shape ops over `iv` are cloned into `blk`.
+fn clone_chain(
+    b: &mut Builder,
+    blk: &mut Block,
+    v: ValueId,
+    iv: ValueId,
+    it: ValueId,
+    def: &HashMap<ValueId, InstId>,
+    memo: &mut HashMap<ValueId, ValueId>,
+) -> ValueId {
+    if v == iv {
+        return it;
+    }
+    if let Some(&m) = memo.get(&v) {
+        return m;
+    }
+    let Some(&i) = def.get(&v) else {
+        return v;
+    };
+    let mut op = b.func.insts[i].op.clone();
+    let span = b.func.insts[i].span;
+    let mut ops = Vec::new();
+    crate::ir::for_each_operand(&op, |&o| ops.push(o));
+    let new_ops: Vec<ValueId> = ops
+        .into_iter()
+        .map(|o| clone_chain(b, blk, o, iv, it, def, memo))
+        .collect();
+    let mut k = 0;
+    crate::ir::for_each_operand_mut(&mut op, |slot| {
+        *slot = new_ops[k];
+        k += 1;
+    });
+    let tys: Vec<ValueType> = b.func.insts[i]
+        .results
+        .iter()
+        .map(|&r| b.func.value_type(r).clone())
+        .collect();
+    let r = b.inst(blk, op, tys, span)[0];
+    memo.insert(v, r);
+    r
+}
