@@ -171,6 +171,9 @@ pub fn mma_dot(func: &Function, a: ValueId, b: ValueId, acc: ValueId, num_warps:
     crate::back::ptx::mma_layout::mma_shape_ok(m, n, k, grid)
 }
 
+/// The instructions to put before and after a pipelined loop.
+type Around = (Vec<InstId>, Vec<InstId>);
+
 /// One load to stage.
 struct Staged {
     load: InstId,
@@ -191,7 +194,7 @@ fn pipeline_loop(
     id: InstId,
     written: &HashSet<u32>,
     o: &PipelineOptions,
-) -> Result<Option<(Vec<InstId>, Vec<InstId>)>, Diagnostics> {
+) -> Result<Option<Around>, Diagnostics> {
     let Op::For {
         lower,
         upper,
