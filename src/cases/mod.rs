@@ -18,6 +18,7 @@ use kgen_core::{Arch, CompileOptions, SourceFile};
 pub mod adamw;
 pub mod compare;
 pub mod cross_entropy;
+pub mod gemm;
 pub mod layernorm;
 pub mod matmul;
 pub mod norm_bwd;
@@ -170,6 +171,7 @@ pub fn all_cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     v.extend(cross_entropy::cases(seed, sizes));
     v.extend(optim::cases(seed, sizes));
     v.extend(matmul::cases(seed, sizes));
+    v.extend(gemm::cases(seed, sizes));
     v
 }
 

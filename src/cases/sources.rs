@@ -20,6 +20,7 @@ pub const BUNDLED_KERNELS: &[(&str, &str)] = &[
     ("cross_entropy_cluster", "cross_entropy_cluster_inplace"),
     ("cross_entropy_window", "cross_entropy_window"),
     ("cross_entropy_window", "cross_entropy_window_inplace"),
+    ("gemm", "gemm"),
     ("layernorm", "layernorm"),
     ("layernorm", "layernorm_rows"),
     ("layernorm_bwd", "layernorm_bwd"),

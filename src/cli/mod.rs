@@ -168,6 +168,10 @@ struct SelftestArgs {
     /// Seed of the cases' random inputs.
     #[arg(long, default_value_t = selftest::DEFAULT_SEED)]
     seed: u64,
+    /// Compile for this target instead of the GPU's own (an H100 runs sm_80 PTX too:
+    /// `--arch sm_80` checks the Ampere code path on it).
+    #[arg(long, value_parser = common::parse_arch, value_name = "sm_80|sm_90a")]
+    arch: Option<kgen::core::Arch>,
 }
 
 #[derive(Args, Debug)]

@@ -205,7 +205,10 @@ pub fn selftest(a: SelftestArgs) -> CliResult {
             }
         }
     };
-    let arch = gpu.as_ref().and_then(|g| g.arch()).unwrap_or(Arch::Sm90a);
+    let arch = a
+        .arch
+        .or_else(|| gpu.as_ref().and_then(|g| g.arch()))
+        .unwrap_or(Arch::Sm90a);
     // `--filter ops`: only the op library and #[kernel] checks.
     let ops_only = a.filter.as_deref() == Some("ops");
     let mut cases = all_cases(a.seed, sizes);

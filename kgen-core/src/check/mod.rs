@@ -158,7 +158,10 @@ pub fn lower_kernel(
             1
         }
         Some(w) => w,
-        None => default_warps(c.max_tile),
+        None => match c.blocks.last().map(|b| mma_acc_elems(&c.func, b)) {
+            Some(acc) if acc > 0 => mma_warps(acc),
+            _ => default_warps(c.max_tile),
+        },
     };
     if let Some(n) = opts.num_stages.filter(|&n| n == 0 || n > MAX_STAGES) {
         c.push(Diagnostic::unlocated(
@@ -190,6 +193,40 @@ pub fn lower_kernel(
 
 /// The deepest software pipeline `--stages` may ask for.
 pub const MAX_STAGES: u32 = 8;
+
+/// The largest accumulator of a `dot` with f16/bf16 operands and an f32 accumulator
+/// (the tensor-core kind) in `block` and its regions, in elements; 0 when there is none.
+fn mma_acc_elems(func: &Function, block: &crate::ir::Block) -> u64 {
+    let mut best = 0u64;
+    crate::ir::visit_insts(func, vec![block], |op| {
+        if let crate::ir::Op::Dot { a, acc, .. } = op {
+            let half = matches!(
+                func.value_type(*a).dtype(),
+                crate::types::DType::F16 | crate::types::DType::BF16
+            );
+            let ty = func.value_type(*acc);
+            if half && ty.dtype() == crate::types::DType::F32 {
+                let n = crate::ir::shape_of(ty)
+                    .iter()
+                    .map(|&d| d as u64)
+                    .product::<u64>();
+                best = best.max(n);
+            }
+        }
+    });
+    best
+}
+
+/// Warps for a tensor-core kernel: one per 2048 accumulator elements (64 f32 registers
+/// of accumulator per thread), 1 to 8 (a 128 x 128 tile: 8 warps, each a 64 x 32 part).
+pub(crate) fn mma_warps(acc_elems: u64) -> u32 {
+    let w = (acc_elems / 2048).clamp(1, 8) as u32;
+    if w.is_power_of_two() {
+        w
+    } else {
+        w.next_power_of_two() / 2
+    }
+}
 
 /// Warps from the largest tile: about 8 elements per thread (tile elements / 256),
 /// rounded down to a power of two, 1 to 16 warps.

@@ -41,6 +41,10 @@ pub struct Assignment {
     pref_vec: HashMap<Vec<u32>, u32>,
     /// What is known about integer values along their last axis (vectorized gathers).
     pub axis: AxisFacts,
+    /// Tiles of the compiler's shared buffers that only tensor-core `dot`s read (through
+    /// at most a `transpose`): never held in registers; `lower/mma.rs` reads their
+    /// fragments from shared memory.
+    pub staged: std::collections::HashSet<ValueId>,
 }
 
 impl Assignment {
@@ -108,6 +112,7 @@ pub fn assign(func: &Function, num_warps: u32) -> Assignment {
             num_warps,
             pref_vec: HashMap::new(),
             axis: axis::analyze(func),
+            staged: std::collections::HashSet::new(),
         },
         wanted: HashMap::new(),
     };
@@ -116,6 +121,73 @@ pub fn assign(func: &Function, num_warps: u32) -> Assignment {
     a.block(&func.body);
     let mut out = a.out;
     super::cheap_layouts::propagate(func, &mut out);
+    out.staged = staged_values(func, &out);
+    out
+}
+
+/// The staged values (see `Assignment::staged`): `scratch_load`s of shared buffers, and
+/// `transpose`s of them, whose every use is an operand of a tensor-core `dot` (a result in
+/// an `Mma` layout) or such a transpose.
+fn staged_values(func: &Function, asg: &Assignment) -> std::collections::HashSet<ValueId> {
+    let mut uses: HashMap<ValueId, Vec<crate::ir::InstId>> = HashMap::new();
+    let mut def: HashMap<ValueId, crate::ir::InstId> = HashMap::new();
+    let order = crate::ir::program_order(func);
+    for &i in &order {
+        for v in crate::ir::operands(&func.insts[i].op) {
+            uses.entry(v).or_default().push(i);
+        }
+        for &r in &func.insts[i].results {
+            def.insert(r, i);
+        }
+    }
+    let is_mma_operand = |i: crate::ir::InstId, v: ValueId| -> bool {
+        let inst = &func.insts[i];
+        match inst.op {
+            Op::Dot { a, b, .. } => {
+                (a == v || b == v)
+                    && inst
+                        .results
+                        .first()
+                        .is_some_and(|&r| matches!(asg.layout(r), Layout::Mma(_)))
+            }
+            _ => false,
+        }
+    };
+    let transpose_of = |i: crate::ir::InstId| -> Option<ValueId> {
+        match &func.insts[i].op {
+            Op::Permute(_, p) if p.as_slice() == [1, 0] => func.insts[i].results.first().copied(),
+            _ => None,
+        }
+    };
+    let only_dots = |v: ValueId| -> bool {
+        let us = uses.get(&v).map(Vec::as_slice).unwrap_or(&[]);
+        !us.is_empty() && us.iter().all(|&i| is_mma_operand(i, v))
+    };
+    let mut out = std::collections::HashSet::new();
+    for &i in &order {
+        let Op::ScratchLoad { buf, .. } = func.insts[i].op else {
+            continue;
+        };
+        if !func.scratch.get(buf as usize).is_some_and(|b| b.shared) {
+            continue;
+        }
+        let Some(&v) = func.insts[i].results.first() else {
+            continue;
+        };
+        let us = uses.get(&v).map(Vec::as_slice).unwrap_or(&[]);
+        let ok = !us.is_empty()
+            && us
+                .iter()
+                .all(|&u| is_mma_operand(u, v) || transpose_of(u).is_some_and(only_dots));
+        if ok {
+            out.insert(v);
+            for &u in us {
+                if let Some(t) = transpose_of(u) {
+                    out.insert(t);
+                }
+            }
+        }
+    }
     out
 }
 
@@ -431,7 +503,18 @@ impl Assigner<'_> {
                 ops.extend(mask.iter().copied());
                 self.follow(&ops, &rshape)
             }
-            Op::Dot { acc, .. } => self.follow(&[*acc], &rshape),
+            Op::Dot { a, b, acc } => {
+                if crate::passes::pipeline::mma_dot(func, *a, *b, *acc, self.num_warps) {
+                    let grid = super::mma_layout::warp_grid(rshape[0], rshape[1], self.num_warps);
+                    Layout::Mma(super::mma_layout::MmaLayout {
+                        warps_m: grid[0],
+                        warps_n: grid[1],
+                        operand: super::mma_layout::MmaOperand::Acc,
+                    })
+                } else {
+                    self.follow(&[*acc], &rshape)
+                }
+            }
             _ => self.default_layout(&rshape),
         };
         for &r in &inst.results {
@@ -490,6 +573,10 @@ pub fn value_regs(func: &Function, asg: &Assignment, v: ValueId) -> u32 {
     let words = if ty.dtype() == DType::I64 { 2 } else { 1 };
     if matches!(ty, ValueType::Scalar(_)) || asg.is_uniform_tile(v) {
         return words;
+    }
+    if asg.staged.contains(&v) {
+        // Read fragment by fragment from shared memory: a k-step's operands at a time.
+        return 0;
     }
     asg.linear(func, v).num_regs() as u32 * words
 }

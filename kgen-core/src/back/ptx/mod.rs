@@ -161,7 +161,7 @@ pub fn write(
     let dynamic = lowered.smem_bytes > target.default_shared_bytes_per_block;
     let shared = (lowered.smem_bytes > 0).then(|| isa::SharedDecl {
         name: lower::SMEM.to_string(),
-        align: 16,
+        align: lowered.smem_align,
         bytes: lowered.smem_bytes,
         dynamic,
     });

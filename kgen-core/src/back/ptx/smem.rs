@@ -46,6 +46,7 @@ pub struct Allocator {
     bufs: Vec<Buffer>,
     peak: u32,
     at_peak: Vec<BufId>,
+    max_align: u32,
 }
 
 impl Allocator {
@@ -58,6 +59,7 @@ impl Allocator {
     /// buffer uses.
     pub fn alloc(&mut self, name: impl Into<String>, bytes: u32, align: u32) -> BufId {
         let align = align.clamp(4, MAX_ALIGN).next_power_of_two();
+        self.max_align = self.max_align.max(align);
         let bytes = bytes.max(1);
         let mut live: Vec<(u32, u32)> = self
             .bufs
@@ -109,6 +111,12 @@ impl Allocator {
     pub fn range(&self, id: BufId) -> std::ops::Range<u32> {
         let o = self.offset(id);
         o..o.saturating_add(self.bytes(id))
+    }
+
+    /// The largest alignment any buffer asked for (what the shared array's declaration
+    /// must promise; at least 16).
+    pub fn max_align(&self) -> u32 {
+        self.max_align.max(16)
     }
 
     /// The kernel's shared-memory size so far.

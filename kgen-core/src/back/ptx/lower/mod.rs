@@ -18,10 +18,12 @@
 mod arith;
 mod cluster;
 mod memory;
+mod mma;
 mod pointwise_vec;
 mod reduce;
 mod scratch;
 mod shape;
+pub mod staged;
 
 use super::assign::Assignment;
 use super::isa::{Addr, Family, Inst, Operand, Reg, RegClass, Space, Stmt};
@@ -102,6 +104,8 @@ pub struct Lowered {
     pub body: Vec<Stmt>,
     pub reg_counts: [u32; 6],
     pub smem_bytes: u32,
+    /// The alignment `kg_smem` must be declared with.
+    pub smem_align: u32,
     /// Bytes of `smem_bytes` taken by the scratch buffers, and per buffer its bytes per
     /// slot.
     pub scratch_bytes: u32,
@@ -148,6 +152,21 @@ pub struct Lowerer<'a> {
     pub sync: crate::back::ptx::sync::Tracker,
     /// The temporary of the shared-memory use in progress (`smem_begin` .. `smem_end`).
     smem_temp: Option<crate::back::ptx::smem::BufId>,
+    /// The compiler's shared buffers (`staged.rs`): when each lives, where it is now,
+    /// the staged values a `dot` reads from them, and the cached `ldmatrix` lane offsets.
+    shared_life: staged::Lifetimes,
+    shared_bufs: HashMap<u32, crate::back::ptx::smem::BufId>,
+    staged_vals: HashMap<ValueId, staged::StagedView>,
+    #[allow(clippy::type_complexity)]
+    lane_offsets: HashMap<
+        (
+            crate::back::ptx::swizzle::SharedTile,
+            Vec<(u32, u32)>,
+            Vec<(u32, u32)>,
+            u32,
+        ),
+        Reg,
+    >,
     /// Where the scratch buffers live (`scratch.rs`), their total bytes at the start of
     /// `kg_smem`, and the register holding `kg_smem`.
     scratch: Vec<scratch::ScratchPlacement>,
@@ -202,6 +221,10 @@ impl<'a> Lowerer<'a> {
             smem,
             sync: crate::back::ptx::sync::Tracker::new(),
             smem_temp: None,
+            shared_life: staged::lifetimes(func, &asg.staged),
+            shared_bufs: HashMap::new(),
+            staged_vals: HashMap::new(),
+            lane_offsets: HashMap::new(),
             scratch,
             scratch_bytes,
             scratch_base: None,
@@ -244,6 +267,7 @@ impl<'a> Lowerer<'a> {
             body,
             reg_counts: self.reg_counts,
             smem_bytes: self.smem.peak(),
+            smem_align: self.smem.max_align(),
             scratch_bytes: self.scratch_bytes,
             scratch_slot_bytes: self.scratch.iter().map(|p| p.slot_bytes).collect(),
             cluster_slots: self.cluster_slots,
@@ -499,7 +523,7 @@ impl<'a> Lowerer<'a> {
 
     /// The `bar.sync 0` instruction alone, where the tracker asked for it (it has already
     /// recorded the barrier).
-    fn emit_bar_sync(&mut self) {
+    pub(super) fn emit_bar_sync(&mut self) {
         let ops = crate::back::ptx::sync::Barrier::Cta
             .sync_operands()
             .into_iter()
@@ -779,17 +803,37 @@ impl<'a> Lowerer<'a> {
     fn block_insts(&mut self, b: &Block) -> R<Vec<ValueId>> {
         let mut batched: std::collections::HashSet<InstId> = std::collections::HashSet::new();
         for (k, &i) in b.insts.iter().enumerate() {
+            self.shared_alloc_before(i);
+            let r = self.block_inst(b, k, i, &mut batched);
+            self.shared_free_after(i);
+            if let Some(vs) = r? {
+                return Ok(vs);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// Lowers instruction `i` (the `k`-th of `b`), or the batch it starts; `Some` with the
+    /// yielded values at the block's `Yield`.
+    fn block_inst(
+        &mut self,
+        b: &Block,
+        k: usize,
+        i: InstId,
+        batched: &mut std::collections::HashSet<InstId>,
+    ) -> R<Option<Vec<ValueId>>> {
+        {
             if batched.contains(&i) {
-                continue;
+                return Ok(None);
             }
             if let Op::Yield(vs) = &self.func.insts[i].op {
-                return Ok(vs.clone());
+                return Ok(Some(vs.clone()));
             }
             let gathers = self.cluster_batch(&b.insts[k..]);
             if !gathers.is_empty() {
                 batched.extend(gathers.iter().copied());
                 self.lower_cluster_gathers(&gathers)?;
-                continue;
+                return Ok(None);
             }
             let (batch, hoisted) = self.reduction_batch(&b.insts[k..]);
             if batch.len() > 1 {
@@ -800,7 +844,7 @@ impl<'a> Lowerer<'a> {
                 batched.extend(hoisted);
                 batched.extend(batch.iter().map(|r| r.0));
                 self.lower_reduce_batch(&batch)?;
-                continue;
+                return Ok(None);
             }
             let (waits, fetches) = scratch::region_scratch_ops(self.func, i);
             if waits {
@@ -815,7 +859,7 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
-        Ok(Vec::new())
+        Ok(None)
     }
 
     /// When `insts[0]` is a reduction across warps: it and the cross-warp reductions
@@ -1124,8 +1168,23 @@ impl<'a> Lowerer<'a> {
             Op::Gather { .. } | Op::Scatter { .. } | Op::AtomicAdd { .. } => {
                 self.lower_pointwise_mem(id)
             }
-            Op::Dot { a, b, acc } => self.lower_dot(id, *a, *b, *acc),
+            Op::Dot { a, b, acc } => match res.map(|r| self.asg.layout(r)) {
+                Some(crate::back::ptx::layout::Layout::Mma(m)) => {
+                    self.lower_mma(id, *a, *b, *acc, m)
+                }
+                _ => self.lower_dot(id, *a, *b, *acc),
+            },
             Op::ClusterGather { .. } => self.lower_cluster_gathers(&[id]),
+            Op::ScratchLoad { buf, .. } if self.is_shared(*buf) => self.lower_shared_load(id),
+            Op::ScratchFetch { buf, .. } if self.is_shared(*buf) => self.lower_shared_fetch(id),
+            Op::ScratchStore { buf, .. } | Op::ScratchGather { buf, .. }
+                if self.is_shared(*buf) =>
+            {
+                Err(unsupported(
+                    span,
+                    "a store or gather into a staged shared buffer",
+                ))
+            }
             Op::ScratchStore { .. } => self.lower_scratch_store(id),
             Op::ScratchLoad { .. } => self.lower_scratch_load(id),
             Op::ScratchFetch { .. } => self.lower_scratch_fetch(id),
@@ -1149,6 +1208,14 @@ impl<'a> Lowerer<'a> {
                 Ok(())
             }
         }
+    }
+
+    /// Whether scratch buffer `buf` is one of the compiler's shared (staged) buffers.
+    pub fn is_shared(&self, buf: u32) -> bool {
+        self.func
+            .scratch
+            .get(buf as usize)
+            .is_some_and(|b| b.shared)
     }
 
     pub fn bind_res(&mut self, res: Option<ValueId>, regs: Vec<Reg>, span: Span) -> R<()> {

@@ -96,6 +96,16 @@ pub fn place(
 ) -> (Vec<ScratchPlacement>, u32) {
     let mut out = Vec::with_capacity(bufs.len());
     for b in bufs {
+        if b.shared {
+            // Placed with a lifetime of its own by `staged.rs`.
+            out.push(ScratchPlacement {
+                offset: 0,
+                slot_bytes: 0,
+                layout: anchor(&[1]),
+                chunk: 1,
+            });
+            continue;
+        }
         let layout = anchor(&b.slot_shape);
         let es = b.dtype.size_bytes();
         let regs = layout.num_regs();
@@ -473,6 +483,9 @@ impl Lowerer<'_> {
         let count = self.fetch_scopes.last().map_or(0, |s| s.count);
         self.flush_fetches(span, |f| count.saturating_sub(f.seq) >= pending as u64)?;
         self.emit("cp.async.wait_group", vec![Operand::Imm(pending as i64)]);
+        // The staged buffers' copies are complete for this thread; others see them after
+        // the next block barrier (the tracker places it before the first read).
+        self.sync.async_done();
         Ok(())
     }
 
@@ -500,7 +513,7 @@ impl Lowerer<'_> {
     }
 
     /// Counts one fetch in the current block; returns the count.
-    fn count_fetch(&mut self) -> u64 {
+    pub(super) fn count_fetch(&mut self) -> u64 {
         match self.fetch_scopes.last_mut() {
             Some(s) => {
                 s.count = s.count.saturating_add(1);

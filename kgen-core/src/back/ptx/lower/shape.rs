@@ -210,6 +210,11 @@ impl Lowerer<'_> {
             .results
             .first()
             .ok_or_else(|| unsupported(span, "shape op without a result"))?;
+        if let Op::Permute(v, perm) = &inst.op {
+            if perm.as_slice() == [1, 0] && self.transpose_staged(*v, res) {
+                return Ok(());
+            }
+        }
         let (v, weights) = match &inst.op {
             Op::Broadcast(v) => (
                 *v,

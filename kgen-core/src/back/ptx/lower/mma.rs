@@ -1,0 +1,373 @@
+//! `dot` on tensor cores: `mma.sync.aligned.m16n8k16` (f16/bf16 operands, f32
+//! accumulators), on sm_80 and sm_90a.
+//!
+//! Assumes: `assign` gave the result an `Mma` accumulator layout over a warp grid
+//! `[wm, wn]` whose parts hold whole instructions (`passes::pipeline::mma_dot`); an
+//! operand is either a [`StagedView`] (a tile in a swizzled shared buffer, possibly
+//! transposed) or a register value of the operand's dtype.
+//! Guarantees: the result is `acc + a @ b` with f32 accumulation, in the accumulator
+//! layout. The K dimension is walked in steps of 16; per step each warp loads its A
+//! fragments (one `ldmatrix.x4` per 16 rows) and B fragments (one `.x4` per 16 columns,
+//! `.x2` for a lone 8) from a staged operand, or packs them (`cvt.rn.{bf16,f16}x2.f32`,
+//! exact: the values are already of that dtype) from a register operand converted to its
+//! `mma_layout` operand layout, then issues the step's grid of `mma.sync`. `.trans` is
+//! used where the staged tile's contiguous dimension is not K (a row-major B, or a
+//! transposed A), so no operand is ever copied to change its orientation. Lane addresses
+//! are loop-invariant registers made once in the prologue (per operand and 16-byte column
+//! group); rows that differ by multiples of 8 are immediate offsets (the swizzle depends
+//! only on a row's position within 8).
+
+use super::staged::StagedView;
+use super::{unsupported, Lowerer, R};
+use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
+use crate::back::ptx::layout::Linear;
+use crate::back::ptx::mma_layout::{MmaLayout, MmaOperand};
+use crate::back::ptx::swizzle::SharedTile;
+use crate::ir::ValueId;
+use crate::span::Span;
+use crate::types::DType;
+
+/// Where one operand's fragments come from.
+enum Source {
+    Staged(StagedView),
+    /// Registers in the operand's `mma_layout` layout (wide f32 values).
+    Regs(Vec<Reg>, Linear),
+}
+
+/// The per-lane row and column-chunk parts of an `ldmatrix` address, as `%tid.x` bit
+/// fields: `(tid bit, coordinate bit)` pairs for the storage row and for the 16-byte
+/// chunk index.
+struct LanePattern {
+    row: Vec<(u32, u32)>,
+    chunk: Vec<(u32, u32)>,
+    trans: bool,
+}
+
+impl Lowerer<'_> {
+    pub(super) fn lower_mma(
+        &mut self,
+        id: crate::ir::InstId,
+        a: ValueId,
+        b: ValueId,
+        acc: ValueId,
+        layout: MmaLayout,
+    ) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let res = *inst
+            .results
+            .first()
+            .ok_or_else(|| unsupported(span, "dot without a result"))?;
+        let dt = self.dtype(a);
+        let ty = match dt {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            _ => return Err(unsupported(span, "mma.sync needs f16 or bf16 operands")),
+        };
+        let lin_c = self.lin(res);
+        let (mp, np) = (lin_c.shape[0], lin_c.shape[1]);
+        let kp = self
+            .shape(a)
+            .get(1)
+            .map(|&k| k.max(1).next_power_of_two())
+            .unwrap_or(16);
+        let (wm, wn) = (layout.warps_m, layout.warps_n);
+        let (mw, nw) = (mp / wm, np / wn);
+        let (mt, nt, steps) = (mw / 16, nw / 8, kp / 16);
+        if mt == 0 || nt == 0 || steps == 0 {
+            return Err(unsupported(
+                span,
+                "a tensor-core dot smaller than one instruction",
+            ));
+        }
+        // Warp-origin bits (tid bits 5.. that own M or N coordinate bits).
+        let warp_bits = |dim: u8| -> Vec<(u32, u32)> {
+            lin_c
+                .warps
+                .iter()
+                .enumerate()
+                .filter_map(|(w, cb)| match cb {
+                    Some((d, bit)) if *d == dim => Some((5 + w as u32, *bit as u32)),
+                    _ => None,
+                })
+                .collect()
+        };
+        let (m_warp, n_warp) = (warp_bits(0), warp_bits(1));
+        let src_a = self.mma_source(a, layout, MmaOperand::A, span)?;
+        let src_b = self.mma_source(b, layout, MmaOperand::B, span)?;
+        let mut cur: Vec<Reg> = self.operand_in(acc, &lin_c, span)?;
+        let c_index = |mi: u32, ni: u32, i: u32| -> R<usize> {
+            lin_c
+                .reg_index(&[mi * 16 + 8 * (i >> 1), ni * 8 + (i & 1)])
+                .ok_or_else(|| unsupported(span, "accumulator layout"))
+        };
+        self.comment(format!(
+            "dot: mma.sync m16n8k16 {ty}, {mt}x{nt} instructions per warp per k-step, {steps} k-steps"
+        ));
+        for s in 0..steps {
+            let afr: Vec<[Reg; 4]> = (0..mt)
+                .map(|mi| self.a_fragment(&src_a, mi, s, &m_warp, ty, span))
+                .collect::<R<_>>()?;
+            let mut bfr: Vec<[Reg; 2]> = Vec::with_capacity(nt as usize);
+            let mut ni = 0;
+            while ni < nt {
+                let pair = nt - ni >= 2;
+                let got = self.b_fragments(&src_b, ni, s, pair, &n_warp, ty, span)?;
+                bfr.extend(got);
+                ni += if pair { 2 } else { 1 };
+            }
+            let mut next = cur.clone();
+            for mi in 0..mt {
+                for ni in 0..nt {
+                    let idx: Vec<usize> = (0..4).map(|i| c_index(mi, ni, i)).collect::<R<_>>()?;
+                    let c: Vec<Reg> = idx.iter().map(|&k| cur[k]).collect();
+                    let d: Vec<Reg> = (0..4).map(|_| self.reg(RegClass::F32)).collect();
+                    let (af, bf) = (afr[mi as usize], bfr[ni as usize]);
+                    self.emit(
+                        format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32"),
+                        vec![
+                            Operand::Vec(d.clone()),
+                            Operand::Vec(af.to_vec()),
+                            Operand::Vec(bf.to_vec()),
+                            Operand::Vec(c),
+                        ],
+                    );
+                    for (&k, &r) in idx.iter().zip(&d) {
+                        next[k] = r;
+                    }
+                }
+            }
+            cur = next;
+        }
+        self.bind(res, cur);
+        Ok(())
+    }
+
+    fn mma_source(
+        &mut self,
+        v: ValueId,
+        layout: MmaLayout,
+        operand: MmaOperand,
+        span: Span,
+    ) -> R<Source> {
+        if let Some(view) = self.staged_vals.get(&v).copied() {
+            return Ok(Source::Staged(view));
+        }
+        let lin = MmaLayout { operand, ..layout }.linear(&self.shape(v));
+        let regs = self.operand_in(v, &lin, span)?;
+        Ok(Source::Regs(regs, lin))
+    }
+
+    /// The four packed registers of A for m-tile `mi` at k-step `s`.
+    fn a_fragment(
+        &mut self,
+        src: &Source,
+        mi: u32,
+        s: u32,
+        m_warp: &[(u32, u32)],
+        ty: &str,
+        span: Span,
+    ) -> R<[Reg; 4]> {
+        match src {
+            Source::Staged(v) => {
+                // Matrix j = lane >> 3: rows + 8 * (j & 1), k chunk + (j >> 1).
+                let trans = v.transposed;
+                let lanes = if !trans {
+                    // Storage [M, K]: rows m (lane bits 0-2, bit 3 -> row bit 3, warp m
+                    // bits), chunk k (lane bit 4).
+                    let mut row = vec![(0, 0), (1, 1), (2, 2), (3, 3)];
+                    row.extend_from_slice(m_warp);
+                    LanePattern {
+                        row,
+                        chunk: vec![(4, 0)],
+                        trans: false,
+                    }
+                } else {
+                    // Storage [K, M]: rows k (lane bits 0-2, bit 4 -> row bit 3), chunk m
+                    // (lane bit 3, warp m bits / 8).
+                    let mut chunk = vec![(3, 0)];
+                    chunk.extend(m_warp.iter().map(|&(h, b)| (h, b - 3)));
+                    LanePattern {
+                        row: vec![(0, 0), (1, 1), (2, 2), (4, 3)],
+                        chunk,
+                        trans: true,
+                    }
+                };
+                let (row_c, chunk_c) = if !trans {
+                    (mi * 16, 2 * s)
+                } else {
+                    (s * 16, 2 * mi)
+                };
+                let r = self.ldmatrix(v, &lanes, row_c, chunk_c, 4)?;
+                Ok([r[0], r[1], r[2], r[3]])
+            }
+            Source::Regs(regs, lin) => {
+                let mut out = [Reg {
+                    class: RegClass::B32,
+                    n: 0,
+                }; 4];
+                for (q, (mo, ko)) in [(0, 0), (8, 0), (0, 8), (8, 8)].into_iter().enumerate() {
+                    let (m, k) = (mi * 16 + mo, s * 16 + ko);
+                    out[q] = self.pack_pair(regs, lin, [m, k], [m, k + 1], ty, span)?;
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// The B registers (two per n-tile) of n-tiles `ni` (and `ni + 1` when `pair`) at
+    /// k-step `s`.
+    #[allow(clippy::too_many_arguments)]
+    fn b_fragments(
+        &mut self,
+        src: &Source,
+        ni: u32,
+        s: u32,
+        pair: bool,
+        n_warp: &[(u32, u32)],
+        ty: &str,
+        span: Span,
+    ) -> R<Vec<[Reg; 2]>> {
+        match src {
+            Source::Staged(v) => {
+                // Matrix j: k + 8 * (j & 1), n + 8 * (j >> 1).
+                let trans = !v.transposed;
+                let lanes = if trans {
+                    // Storage [K, N]: rows k (lane bits 0-2, bit 3 -> row bit 3), chunk n
+                    // (lane bit 4, warp n bits / 8).
+                    let mut chunk = vec![(4, 0)];
+                    chunk.extend(n_warp.iter().map(|&(h, b)| (h, b - 3)));
+                    LanePattern {
+                        row: vec![(0, 0), (1, 1), (2, 2), (3, 3)],
+                        chunk,
+                        trans: true,
+                    }
+                } else {
+                    // Storage [N, K]: rows n (lane bits 0-2, bit 4 -> row bit 3, warp n
+                    // bits), chunk k (lane bit 3).
+                    let mut row = vec![(0, 0), (1, 1), (2, 2), (4, 3)];
+                    row.extend_from_slice(n_warp);
+                    LanePattern {
+                        row,
+                        chunk: vec![(3, 0)],
+                        trans: false,
+                    }
+                };
+                let (row_c, chunk_c) = if trans { (s * 16, ni) } else { (ni * 8, 2 * s) };
+                let count = if pair { 4 } else { 2 };
+                let r = self.ldmatrix(v, &lanes, row_c, chunk_c, count)?;
+                Ok(if pair {
+                    vec![[r[0], r[1]], [r[2], r[3]]]
+                } else {
+                    vec![[r[0], r[1]]]
+                })
+            }
+            Source::Regs(regs, lin) => {
+                let tiles = if pair { 2 } else { 1 };
+                let mut out = Vec::with_capacity(tiles);
+                for t in 0..tiles as u32 {
+                    let n = (ni + t) * 8;
+                    let k0 = s * 16;
+                    let lo = self.pack_pair(regs, lin, [k0, n], [k0 + 1, n], ty, span)?;
+                    let hi = self.pack_pair(regs, lin, [k0 + 8, n], [k0 + 9, n], ty, span)?;
+                    out.push([lo, hi]);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// `cvt.rn.{ty}x2.f32` of the elements at register coordinates `lo` and `hi` (the low
+    /// half is the first element of the pair).
+    fn pack_pair(
+        &mut self,
+        regs: &[Reg],
+        lin: &Linear,
+        lo: [u32; 2],
+        hi: [u32; 2],
+        ty: &str,
+        span: Span,
+    ) -> R<Reg> {
+        let get = |c: [u32; 2]| -> R<Reg> {
+            lin.reg_index(&c)
+                .and_then(|k| regs.get(k).copied())
+                .ok_or_else(|| unsupported(span, "mma operand layout"))
+        };
+        let (l, h) = (get(lo)?, get(hi)?);
+        Ok(self.op1(
+            RegClass::B32,
+            &format!("cvt.rn.{ty}x2.f32"),
+            vec![h.into(), l.into()],
+        ))
+    }
+
+    /// `ldmatrix.x{count}` of a staged view: lane address `slot + offset(row, chunk)` with
+    /// the lane pattern's runtime parts plus `row_c` (a multiple of 8) and `chunk_c`.
+    fn ldmatrix(
+        &mut self,
+        v: &StagedView,
+        lanes: &LanePattern,
+        row_c: u32,
+        chunk_c: u32,
+        count: u32,
+    ) -> R<Vec<Reg>> {
+        let tile = v.tile;
+        let off = self.lane_offset(&tile, lanes, chunk_c);
+        let span_bytes = tile.atom_cols() * tile.elem_bytes;
+        let imm = (row_c * span_bytes) as i64;
+        let addr = self.op1(RegClass::B32, "add.s32", vec![v.base.into(), off.into()]);
+        let d: Vec<Reg> = (0..count).map(|_| self.reg(RegClass::B32)).collect();
+        let trans = if lanes.trans { ".trans" } else { "" };
+        self.emit(
+            format!("ldmatrix.sync.aligned.m8n8.x{count}{trans}.shared.b16"),
+            vec![Operand::Vec(d.clone()), Operand::Mem(Addr::Reg(addr), imm)],
+        );
+        Ok(d)
+    }
+
+    /// The prologue register holding a lane's swizzled offset (row part and chunk part
+    /// from its tid bits, plus `chunk_c` chunks), cached per pattern.
+    fn lane_offset(&mut self, tile: &SharedTile, lanes: &LanePattern, chunk_c: u32) -> Reg {
+        let key = (*tile, lanes.row.clone(), lanes.chunk.clone(), chunk_c);
+        if let Some(&r) = self.lane_offsets.get(&key) {
+            return r;
+        }
+        let row = self.tid_bits(&lanes.row);
+        let chunk = self.tid_bits(&lanes.chunk);
+        let ce = tile.chunk_elems();
+        let tile = *tile;
+        let r = self.in_prologue(|l| {
+            let row = match row {
+                Some(r) => r,
+                None => l.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(0)]),
+            };
+            let col = match chunk {
+                Some(c) => {
+                    let c = if chunk_c > 0 {
+                        l.op1(
+                            RegClass::B32,
+                            "add.s32",
+                            vec![c.into(), Operand::Imm(chunk_c as i64)],
+                        )
+                    } else {
+                        c
+                    };
+                    l.op1(
+                        RegClass::B32,
+                        "mul.lo.s32",
+                        vec![c.into(), Operand::Imm(ce as i64)],
+                    )
+                }
+                None => l.op1(
+                    RegClass::B32,
+                    "mov.b32",
+                    vec![Operand::Imm((chunk_c * ce) as i64)],
+                ),
+            };
+            l.swizzled_offset(&tile, row, col)
+        });
+        self.lane_offsets.insert(key, r);
+        r
+    }
+}

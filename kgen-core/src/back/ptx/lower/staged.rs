@@ -1,0 +1,650 @@
+//! Lowering of the compiler's shared scratch buffers (`ScratchBuf::shared`, made by
+//! `passes::pipeline` to stage the tiles a tensor-core `dot` reads).
+//!
+//! Assumes: every access to such a buffer is a `scratch_fetch`, `scratch_wait` or
+//! `scratch_load` written by the pipeline pass (rank-2 slots, slots in range); a value
+//! that `assign` lists as *staged* (`Assignment::staged`) is read only by `dot`s, through
+//! at most a `transpose`.
+//!
+//! Guarantees:
+//! - A buffer is allocated (`smem.rs`) before the first instruction of its lifetime and
+//!   freed after the last: the innermost block holding every access to it (and every use
+//!   of its staged values), from the first such instruction to the last one, extended to
+//!   the `scratch_wait(0)` that drains its copies. Slots are laid out by
+//!   `swizzle::SharedTile` (the widest XOR swizzle the rows allow), one after another,
+//!   each aligned to the swizzle's atom.
+//! - A fetch copies the tile in 16-byte chunks (`cp.async.cg`, or `.ca` of 8 or 4 bytes
+//!   where the tensor's alignment allows no more; element by element with `ld.global` +
+//!   `st.shared` where it allows no vector, or the tensor is not `contiguous`); chunks
+//!   outside the tensor or the tile's real extent are zero-filled by the copy's source
+//!   size, so a product never reads padding. Consecutive threads copy consecutive chunks
+//!   of a row (coalesced). Every fetch ends with one `cp.async.commit_group`.
+//! - Every cross-thread access is declared to `sync::Tracker` (a fetch as an
+//!   asynchronous write, `scratch_wait` completing them, a load as a read), which places
+//!   the block barriers.
+//! - A staged `scratch_load` emits no load: it binds a [`StagedView`] (buffer, slot
+//!   address) that `mma.rs` reads with `ldmatrix`; any other `scratch_load` of such a
+//!   buffer reads its elements into the value's layout with `ld.shared`.
+
+use super::{unsupported, Lowerer, R};
+use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
+use crate::back::ptx::swizzle::SharedTile;
+use crate::ir::{Block, Function, InstId, Op, ValueId};
+use crate::span::Span;
+use crate::types::DType;
+use std::collections::{HashMap, HashSet};
+
+/// A tile that stays in a shared buffer until a `dot` reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct StagedView {
+    pub buf: u32,
+    /// `kg_smem` address of the slot.
+    pub base: Reg,
+    pub tile: SharedTile,
+    /// The value is the slot's tile transposed (`transpose(scratch_load(..))`): its
+    /// dim 0 is the storage's columns.
+    pub transposed: bool,
+}
+
+/// When each shared buffer is allocated and freed (instruction ids of the blocks that
+/// hold its lifetime).
+#[derive(Default)]
+pub struct Lifetimes {
+    pub alloc_before: HashMap<InstId, Vec<u32>>,
+    pub free_after: HashMap<InstId, Vec<u32>>,
+}
+
+/// The slot layout of shared buffer `buf`.
+pub fn buffer_tile(func: &Function, buf: u32) -> Option<SharedTile> {
+    let b = func.scratch.get(buf as usize)?;
+    let (r, c) = match b.slot_shape.as_slice() {
+        [r, c] => (*r, *c),
+        _ => return None,
+    };
+    Some(SharedTile::new(
+        r.max(1).next_power_of_two(),
+        c.max(1).next_power_of_two(),
+        b.dtype.size_bytes(),
+    ))
+}
+
+/// Bytes of one slot of `tile`, rounded up to the atom alignment so every slot starts on
+/// one.
+pub fn slot_bytes(tile: &SharedTile) -> u32 {
+    tile.bytes().div_ceil(tile.align()) * tile.align()
+}
+
+/// The lifetimes of every shared buffer of `func` (module docs). `staged` are the values
+/// read straight from shared memory by `dot`s, whose uses extend their buffer's life.
+pub fn lifetimes(func: &Function, staged: &HashSet<ValueId>) -> Lifetimes {
+    let shared: Vec<u32> = (0..func.scratch.len() as u32)
+        .filter(|&b| func.scratch[b as usize].shared)
+        .collect();
+    let mut out = Lifetimes::default();
+    if shared.is_empty() {
+        return out;
+    }
+    // Staged value -> its buffer (through transposes too).
+    let mut staged_buf: HashMap<ValueId, u32> = HashMap::new();
+    for i in crate::ir::program_order(func) {
+        let inst = &func.insts[i];
+        match &inst.op {
+            Op::ScratchLoad { buf, .. } => {
+                for &r in &inst.results {
+                    if staged.contains(&r) {
+                        staged_buf.insert(r, *buf);
+                    }
+                }
+            }
+            Op::Permute(v, _) => {
+                if let Some(&b) = staged_buf.get(v) {
+                    for &r in &inst.results {
+                        if staged.contains(&r) {
+                            staged_buf.insert(r, b);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for b in shared {
+        place_lifetime(func, &func.body, b, &staged_buf, &mut out);
+    }
+    out
+}
+
+/// Whether instruction `i` (or its regions) touches buffer `b` or uses a value staged in it.
+fn touches(func: &Function, i: InstId, b: u32, staged_buf: &HashMap<ValueId, u32>) -> bool {
+    let op = &func.insts[i].op;
+    let direct = match op {
+        Op::ScratchFetch { buf, .. }
+        | Op::ScratchGather { buf, .. }
+        | Op::ScratchLoad { buf, .. }
+        | Op::ScratchStore { buf, .. } => *buf == b,
+        _ => false,
+    };
+    if direct
+        || crate::ir::operands(op)
+            .iter()
+            .any(|v| staged_buf.get(v) == Some(&b))
+    {
+        return true;
+    }
+    crate::ir::regions(op)
+        .iter()
+        .any(|r| r.insts.iter().any(|&j| touches(func, j, b, staged_buf)))
+}
+
+fn place_lifetime(
+    func: &Function,
+    block: &Block,
+    b: u32,
+    staged_buf: &HashMap<ValueId, u32>,
+    out: &mut Lifetimes,
+) {
+    let at: Vec<usize> = (0..block.insts.len())
+        .filter(|&k| touches(func, block.insts[k], b, staged_buf))
+        .collect();
+    let (Some(&first), Some(&last)) = (at.first(), at.last()) else {
+        return;
+    };
+    if first == last {
+        let inner = crate::ir::regions(&func.insts[block.insts[first]].op);
+        let holders: Vec<&&Block> = inner
+            .iter()
+            .filter(|r| r.insts.iter().any(|&j| touches(func, j, b, staged_buf)))
+            .collect();
+        if let [only] = holders.as_slice() {
+            return place_lifetime(func, only, b, staged_buf, out);
+        }
+    }
+    // Extend to the `scratch_wait(0)` that drains the buffer's copies.
+    let mut end = last;
+    if let Some(k) = (last + 1..block.insts.len()).find(|&k| {
+        matches!(
+            func.insts[block.insts[k]].op,
+            Op::ScratchWait { pending: 0 }
+        )
+    }) {
+        end = k;
+    }
+    out.alloc_before
+        .entry(block.insts[first])
+        .or_default()
+        .push(b);
+    out.free_after.entry(block.insts[end]).or_default().push(b);
+}
+
+impl Lowerer<'_> {
+    /// Allocates the shared buffers whose lifetime starts at `i`.
+    pub(super) fn shared_alloc_before(&mut self, i: InstId) {
+        let Some(bufs) = self.shared_life.alloc_before.get(&i).cloned() else {
+            return;
+        };
+        for b in bufs {
+            let Some(tile) = buffer_tile(self.func, b) else {
+                continue;
+            };
+            let slots = self.func.scratch[b as usize].slots;
+            let name = self.func.scratch[b as usize].name.clone();
+            let id = self
+                .smem
+                .alloc(name, slot_bytes(&tile).saturating_mul(slots), tile.align());
+            self.shared_bufs.insert(b, id);
+        }
+    }
+
+    /// Frees the shared buffers whose lifetime ends at `i`.
+    pub(super) fn shared_free_after(&mut self, i: InstId) {
+        let Some(bufs) = self.shared_life.free_after.get(&i).cloned() else {
+            return;
+        };
+        for b in bufs {
+            if let Some(id) = self.shared_bufs.remove(&b) {
+                self.smem.free(id);
+            }
+        }
+    }
+
+    /// The slot's address (`kg_smem` window) and byte range of the whole buffer.
+    fn shared_slot(
+        &mut self,
+        buf: u32,
+        slot: ValueId,
+        span: Span,
+    ) -> R<(Reg, SharedTile, std::ops::Range<u32>)> {
+        let tile = buffer_tile(self.func, buf)
+            .ok_or_else(|| unsupported(span, "a staged buffer holds 2-D tiles"))?;
+        let id = *self
+            .shared_bufs
+            .get(&buf)
+            .ok_or_else(|| unsupported(span, "a staged buffer used outside its lifetime"))?;
+        let base = self.smem_at(self.smem.offset(id));
+        let range = self.smem.range(id);
+        let s = self.scalar(slot, span)?;
+        let addr = self.op1(
+            RegClass::B32,
+            "mad.lo.s32",
+            vec![
+                s.into(),
+                Operand::Imm(slot_bytes(&tile) as i64),
+                base.into(),
+            ],
+        );
+        Ok((addr, tile, range))
+    }
+
+    /// `scratch_fetch` into a shared buffer (module docs).
+    pub(super) fn lower_shared_fetch(&mut self, id: InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let Op::ScratchFetch {
+            buf,
+            slot,
+            tensor,
+            ref index,
+            padding,
+            eviction,
+        } = inst.op
+        else {
+            return Ok(());
+        };
+        let (slot_addr, tile, range) = self.shared_slot(buf, slot, span)?;
+        let real = func.scratch[buf as usize].slot_shape.clone();
+        let (t, tp) = self.tensor(tensor, span)?;
+        if tp.rank() != 2 || index.len() != 2 || real.len() != 2 {
+            return Err(unsupported(span, "a staged fetch of a 2-D tile"));
+        }
+        let dt = tp.dtype;
+        let es = dt.size_bytes();
+        // Tile origin (elements).
+        let mut origin = Vec::with_capacity(2);
+        for d in 0..2 {
+            let idx = self.scalar(index[d], span)?;
+            origin.push(self.op1(
+                RegClass::B32,
+                "mul.lo.s32",
+                vec![idx.into(), Operand::Imm(real[d] as i64)],
+            ));
+        }
+        let vec_bytes = if tp.contiguous {
+            tp.align_bytes.min(16)
+        } else {
+            es
+        };
+        let async_copy = vec_bytes >= 4 && self.target.caps.cp_async;
+        if async_copy {
+            if self.sync.before_async_write(range) {
+                self.emit_bar_sync();
+            }
+        } else if self.sync.before_write(range) {
+            self.emit_bar_sync();
+        }
+        let policy = self.cache_policy(eviction);
+        let pad_bits = super::memory::scalar_bits(padding, dt);
+        let ve = vec_bytes / es; // elements per copy
+        let per_row = tile.cols / ve;
+        let chunks = tile.rows * per_row;
+        let threads = self.threads();
+        let tid = self.tid();
+        for k in 0..chunks.div_ceil(threads) {
+            // Chunk q = tid + k * threads: row q / per_row, column chunk q % per_row.
+            let (q, active) = self.in_prologue(|l| {
+                let q = l.op1(
+                    RegClass::B32,
+                    "add.u32",
+                    vec![tid.into(), Operand::Imm((k * threads) as i64)],
+                );
+                let active =
+                    (chunks % threads != 0 && k + 1 == chunks.div_ceil(threads)).then(|| {
+                        l.op1(
+                            RegClass::Pred,
+                            "setp.lt.u32",
+                            vec![q.into(), Operand::Imm(chunks as i64)],
+                        )
+                    });
+                (q, active)
+            });
+            let (row, col, soff) = self.chunk_coords(q, per_row, ve, &tile);
+            // Global coordinates, validity and the number of valid elements.
+            let grow = self.op1(RegClass::B32, "add.s32", vec![origin[0].into(), row.into()]);
+            let gcol = self.op1(RegClass::B32, "add.s32", vec![origin[1].into(), col.into()]);
+            let rows_ok = self.op1(
+                RegClass::Pred,
+                "setp.lt.u32",
+                vec![grow.into(), t.dims[0].op()],
+            );
+            let rows_ok = if real[0] < tile.rows {
+                let in_tile = self.op1(
+                    RegClass::Pred,
+                    "setp.lt.u32",
+                    vec![row.into(), Operand::Imm(real[0] as i64)],
+                );
+                self.op1(
+                    RegClass::Pred,
+                    "and.pred",
+                    vec![rows_ok.into(), in_tile.into()],
+                )
+            } else {
+                rows_ok
+            };
+            // valid = clamp(min(dim1 - gcol, real1 - col), 0, ve), 0 where the row is out.
+            let left = self.op1(RegClass::B32, "sub.s32", vec![t.dims[1].op(), gcol.into()]);
+            let left = if real[1] < tile.cols {
+                let in_tile = self.op1(
+                    RegClass::B32,
+                    "sub.s32",
+                    vec![Operand::Imm(real[1] as i64), col.into()],
+                );
+                self.op1(RegClass::B32, "min.s32", vec![left.into(), in_tile.into()])
+            } else {
+                left
+            };
+            let n = self.op1(
+                RegClass::B32,
+                "min.s32",
+                vec![left.into(), Operand::Imm(ve as i64)],
+            );
+            let n = self.op1(RegClass::B32, "max.s32", vec![n.into(), Operand::Imm(0)]);
+            let n = self.op1(
+                RegClass::B32,
+                "selp.b32",
+                vec![n.into(), Operand::Imm(0), rows_ok.into()],
+            );
+            let any = self.op1(
+                RegClass::Pred,
+                "setp.gt.s32",
+                vec![n.into(), Operand::Imm(0)],
+            );
+            // Address of the chunk (the tensor's base where nothing is read).
+            let stride = t
+                .strides
+                .first()
+                .copied()
+                .map(|e| e.op())
+                .unwrap_or(Operand::Imm(0));
+            let lin = self.op1(RegClass::B64, "mul.wide.s32", vec![grow.into(), stride]);
+            let col = if tp.contiguous {
+                self.op1(RegClass::B64, "cvt.s64.s32", vec![gcol.into()])
+            } else {
+                let s1 = t
+                    .strides
+                    .get(1)
+                    .copied()
+                    .map(|e| e.op())
+                    .unwrap_or(Operand::Imm(1));
+                self.op1(RegClass::B64, "mul.wide.s32", vec![gcol.into(), s1])
+            };
+            let lin = self.op1(RegClass::B64, "add.s64", vec![lin.into(), col.into()]);
+            let lin = self.op1(
+                RegClass::B64,
+                "selp.b64",
+                vec![lin.into(), Operand::Imm(0), any.into()],
+            );
+            let gaddr = self.element_address(t.base, dt, lin);
+            let saddr = self.op1(
+                RegClass::B32,
+                "add.s32",
+                vec![slot_addr.into(), soff.into()],
+            );
+            if async_copy {
+                let level = if vec_bytes == 16 { "cg" } else { "ca" };
+                let bytes = self.op1(
+                    RegClass::B32,
+                    "mul.lo.s32",
+                    vec![n.into(), Operand::Imm(es as i64)],
+                );
+                let mut operands = vec![
+                    Operand::Mem(Addr::Reg(saddr), 0),
+                    Operand::Mem(Addr::Reg(gaddr), 0),
+                    Operand::Imm(vec_bytes as i64),
+                    bytes.into(),
+                ];
+                let hint = super::memory::cache_hint(policy, &mut operands);
+                self.emit_if(
+                    active.map(|p| (p, false)),
+                    format!("cp.async.{level}.shared.global{hint}"),
+                    operands,
+                );
+            } else {
+                // Element by element: the element or the padding (zero for slots past the
+                // tile's real extent is the padding too: a product must not read them).
+                self.fetch_elements(dt, gaddr, saddr, n, active, ve, pad_bits, &tp);
+            }
+        }
+        self.count_fetch();
+        self.emit("cp.async.commit_group", vec![]);
+        Ok(())
+    }
+
+    /// A chunk's row, first column and swizzled byte offset in the slot, for chunk
+    /// number `q` (a register): loop-invariant, computed once in the prologue.
+    fn chunk_coords(
+        &mut self,
+        q: Reg,
+        per_row: u32,
+        ve: u32,
+        tile: &SharedTile,
+    ) -> (Reg, Reg, Reg) {
+        let tile = *tile;
+        self.in_prologue(|l| {
+            let sh = per_row.trailing_zeros() as i64;
+            let row = l.op1(RegClass::B32, "shr.u32", vec![q.into(), Operand::Imm(sh)]);
+            let cidx = l.op1(
+                RegClass::B32,
+                "and.b32",
+                vec![q.into(), Operand::Imm((per_row - 1) as i64)],
+            );
+            let col = l.op1(
+                RegClass::B32,
+                "mul.lo.s32",
+                vec![cidx.into(), Operand::Imm(ve as i64)],
+            );
+            let off = l.swizzled_offset(&tile, row, col);
+            (row, col, off)
+        })
+    }
+
+    /// `tile.offset(row, col)` for registers (see `swizzle.rs`): the atom, the natural
+    /// offset inside it, and the XOR of its 16-byte chunk bits with its 128-byte line bits.
+    pub(super) fn swizzled_offset(&mut self, tile: &SharedTile, row: Reg, col: Reg) -> Reg {
+        let ac = tile.atom_cols();
+        let es = tile.elem_bytes;
+        let span = ac * es;
+        // natural = row * span + (col % ac) * es
+        let cin = self.op1(
+            RegClass::B32,
+            "and.b32",
+            vec![col.into(), Operand::Imm((ac - 1) as i64)],
+        );
+        let cb = self.op1(
+            RegClass::B32,
+            "mul.lo.s32",
+            vec![cin.into(), Operand::Imm(es as i64)],
+        );
+        let natural = self.op1(
+            RegClass::B32,
+            "mad.lo.s32",
+            vec![row.into(), Operand::Imm(span as i64), cb.into()],
+        );
+        let mask = tile.swizzle.mask();
+        let inner = if mask == 0 {
+            natural
+        } else {
+            let line = self.op1(
+                RegClass::B32,
+                "shr.u32",
+                vec![natural.into(), Operand::Imm(7)],
+            );
+            let m = self.op1(
+                RegClass::B32,
+                "and.b32",
+                vec![line.into(), Operand::Imm(mask as i64)],
+            );
+            let x = self.op1(RegClass::B32, "shl.b32", vec![m.into(), Operand::Imm(4)]);
+            self.op1(RegClass::B32, "xor.b32", vec![natural.into(), x.into()])
+        };
+        if ac >= tile.cols {
+            return inner;
+        }
+        let atom = self.op1(
+            RegClass::B32,
+            "shr.u32",
+            vec![col.into(), Operand::Imm(ac.trailing_zeros() as i64)],
+        );
+        self.op1(
+            RegClass::B32,
+            "mad.lo.s32",
+            vec![
+                atom.into(),
+                Operand::Imm(tile.atom_bytes() as i64),
+                inner.into(),
+            ],
+        )
+    }
+
+    /// The element-by-element fallback of a fetch: `n` valid elements from `gaddr` (the
+    /// rest of the `ve` padding), stored at `saddr`.
+    #[allow(clippy::too_many_arguments)]
+    fn fetch_elements(
+        &mut self,
+        dt: DType,
+        gaddr: Reg,
+        saddr: Reg,
+        n: Reg,
+        active: Option<Reg>,
+        ve: u32,
+        pad_bits: u64,
+        tp: &crate::ir::TensorParam,
+    ) {
+        let es = dt.size_bytes();
+        let (class, ty) = match es {
+            8 => (RegClass::B64, "b64"),
+            4 => (RegClass::B32, "b32"),
+            _ => (RegClass::B16, "b16"),
+        };
+        // Non-contiguous tensors have ve == 1: the element's address is gaddr itself.
+        let _ = tp;
+        for e in 0..ve {
+            let w = self.reg(class);
+            self.mov(w, Operand::Imm(pad_bits as i64));
+            let ok = self.op1(
+                RegClass::Pred,
+                "setp.gt.s32",
+                vec![n.into(), Operand::Imm(e as i64)],
+            );
+            let ok = match active {
+                Some(a) => self.op1(RegClass::Pred, "and.pred", vec![ok.into(), a.into()]),
+                None => ok,
+            };
+            self.emit_if(
+                Some((ok, false)),
+                format!("ld.global.{ty}"),
+                vec![w.into(), Operand::Mem(Addr::Reg(gaddr), (e * es) as i64)],
+            );
+            self.emit_if(
+                active.map(|a| (a, false)),
+                format!("st.shared.{ty}"),
+                vec![Operand::Mem(Addr::Reg(saddr), (e * es) as i64), w.into()],
+            );
+        }
+    }
+
+    /// `scratch_load` of a shared buffer: a [`StagedView`] for a staged value, else the
+    /// elements read into the value's layout.
+    pub(super) fn lower_shared_load(&mut self, id: InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let Op::ScratchLoad { buf, slot } = inst.op else {
+            return Ok(());
+        };
+        let res = *inst
+            .results
+            .first()
+            .ok_or_else(|| unsupported(span, "scratch_load without a result"))?;
+        let (addr, tile, range) = self.shared_slot(buf, slot, span)?;
+        if self.sync.before_read(range) {
+            self.emit_bar_sync();
+        }
+        if self.asg.staged.contains(&res) {
+            self.staged_vals.insert(
+                res,
+                StagedView {
+                    buf,
+                    base: addr,
+                    tile,
+                    transposed: false,
+                },
+            );
+            return Ok(());
+        }
+        // Generic read: each register's element at its swizzled offset.
+        let dt = self.dtype(res);
+        let lin = self.lin(res);
+        let es = dt.size_bytes();
+        let (ty, wide) = match es {
+            2 => ("b16", true),
+            4 => ("b32", false),
+            _ => return Err(unsupported(span, "a staged tile of 8-byte elements")),
+        };
+        let tr = self.thread_coord(&lin, 0);
+        let tc = self.thread_coord(&lin, 1);
+        let mut out = Vec::with_capacity(lin.num_regs());
+        for r in 0..lin.num_regs() {
+            let c = lin.reg_coord(r);
+            let row = match tr {
+                Some(t) => self.op1(
+                    RegClass::B32,
+                    "add.s32",
+                    vec![t.into(), Operand::Imm(c[0] as i64)],
+                ),
+                None => self.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(c[0] as i64)]),
+            };
+            let col = match tc {
+                Some(t) => self.op1(
+                    RegClass::B32,
+                    "add.s32",
+                    vec![t.into(), Operand::Imm(c[1] as i64)],
+                ),
+                None => self.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(c[1] as i64)]),
+            };
+            let off = self.swizzled_offset(&tile, row, col);
+            let a = self.op1(RegClass::B32, "add.s32", vec![addr.into(), off.into()]);
+            let v = if wide {
+                let h = self.op1(
+                    RegClass::B16,
+                    &format!("ld.shared.{ty}"),
+                    vec![Operand::Mem(Addr::Reg(a), 0)],
+                );
+                self.widen_half(h, dt)
+            } else {
+                self.op1(
+                    super::class_of(dt),
+                    &format!("ld.shared.{ty}"),
+                    vec![Operand::Mem(Addr::Reg(a), 0)],
+                )
+            };
+            out.push(v);
+        }
+        self.bind(res, out);
+        Ok(())
+    }
+
+    /// A transpose of a staged value stays staged (the other orientation).
+    pub(super) fn transpose_staged(&mut self, src: ValueId, res: ValueId) -> bool {
+        let Some(v) = self.staged_vals.get(&src).copied() else {
+            return false;
+        };
+        self.staged_vals.insert(
+            res,
+            StagedView {
+                transposed: !v.transposed,
+                ..v
+            },
+        );
+        true
+    }
+}

@@ -1,0 +1,229 @@
+//! `gemm.kg`: c = act(a @ b + bias) on tensor cores, over awkward shapes (each of M, N,
+//! K in {1, 7, 127, 1000, 4097} with the others moderate), transposed operands, the
+//! bias and each activation, bf16 and f16.
+
+use super::*;
+
+const PARAMS: &[&str] = &["a", "b", "bias", "c"];
+
+/// The epilogue activations of `gemm.kg` (`ACT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    None = 0,
+    Relu = 1,
+    GeluTanh = 2,
+    Silu = 3,
+}
+
+impl Act {
+    pub fn apply(self, x: f64) -> f64 {
+        match self {
+            Act::None => x,
+            Act::Relu => x.max(0.0),
+            Act::GeluTanh => {
+                let inner = 0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x);
+                0.5 * x * (1.0 + inner.tanh())
+            }
+            Act::Silu => x / (1.0 + (-x).exp()),
+        }
+    }
+}
+
+/// One gemm configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub bias: bool,
+    pub act: Act,
+    pub dtype: DType,
+    /// (BM, BN, BK).
+    pub tile: (usize, usize, usize),
+}
+
+pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
+    use DType::*;
+    let base = Shape {
+        m: 48,
+        n: 40,
+        k: 56,
+        trans_a: false,
+        trans_b: false,
+        bias: false,
+        act: Act::None,
+        dtype: BF16,
+        tile: (64, 64, 32),
+    };
+    let mut v: Vec<Shape> = Vec::new();
+    let extents: &[usize] = match sizes {
+        SizeSet::Quick => &[1, 7, 127, 1000],
+        SizeSet::Full => &[1, 7, 127, 1000, 4097],
+    };
+    for &e in extents {
+        v.push(Shape { m: e, ..base });
+        v.push(Shape { n: e, ..base });
+        v.push(Shape { k: e, ..base });
+    }
+    for (ta, tb) in [(true, false), (false, true), (true, true)] {
+        v.push(Shape {
+            m: 130,
+            n: 72,
+            k: 100,
+            trans_a: ta,
+            trans_b: tb,
+            ..base
+        });
+    }
+    for act in [Act::None, Act::Relu, Act::GeluTanh, Act::Silu] {
+        v.push(Shape {
+            m: 70,
+            n: 136,
+            k: 48,
+            bias: true,
+            act,
+            ..base
+        });
+    }
+    v.push(Shape {
+        m: 129,
+        n: 130,
+        k: 72,
+        dtype: F16,
+        trans_b: true,
+        bias: true,
+        act: Act::GeluTanh,
+        tile: (128, 128, 32),
+        ..base
+    });
+    v.push(Shape {
+        m: 200,
+        n: 264,
+        k: 200,
+        tile: (128, 128, 64),
+        ..base
+    });
+    if sizes == SizeSet::Full {
+        v.push(Shape {
+            m: 300,
+            n: 520,
+            k: 260,
+            trans_a: true,
+            tile: (128, 256, 32),
+            ..base
+        });
+    }
+    v.into_iter().map(|s| case(seed, s)).collect()
+}
+
+/// A contiguous `[rows, cols]` operand, or (transposed) one stored `[cols, rows]`: the
+/// kernel reads the storage, so the host tensor is the storage.
+fn storage(rng: &mut Rng, dtype: DType, rows: usize, cols: usize, transposed: bool) -> HostTensor {
+    let shape = if transposed {
+        [cols, rows]
+    } else {
+        [rows, cols]
+    };
+    random_tensor(rng, dtype, &shape, |r| r.normalish())
+}
+
+/// Element (i, j) of the logical operand from its storage.
+fn at(t: &[f64], rows: usize, cols: usize, transposed: bool, i: usize, j: usize) -> f64 {
+    if transposed {
+        t[j * rows + i]
+    } else {
+        t[i * cols + j]
+    }
+}
+
+/// The f64 reference of a gemm shape, row-major `[m, n]`.
+pub fn reference(s: &Shape, a: &[f64], b: &[f64], bias: &[f64]) -> Vec<f64> {
+    let mut c = vec![0.0; s.m * s.n];
+    for i in 0..s.m {
+        for p in 0..s.k {
+            let av = at(a, s.m, s.k, s.trans_a, i, p);
+            for j in 0..s.n {
+                c[i * s.n + j] += av * at(b, s.k, s.n, s.trans_b, p, j);
+            }
+        }
+    }
+    for i in 0..s.m {
+        for j in 0..s.n {
+            let x = c[i * s.n + j] + if s.bias { bias[j] } else { 0.0 };
+            c[i * s.n + j] = s.act.apply(x);
+        }
+    }
+    c
+}
+
+/// One `gemm` case.
+pub fn case(seed: u64, s: Shape) -> Case {
+    let label = format!(
+        "gemm T={} [{}x{}]{} @ [{}x{}]{}{}{} tile {:?}",
+        s.dtype,
+        s.m,
+        s.k,
+        if s.trans_a { ".T" } else { "" },
+        s.k,
+        s.n,
+        if s.trans_b { ".T" } else { "" },
+        if s.bias { " +bias" } else { "" },
+        match s.act {
+            Act::None => "",
+            Act::Relu => " relu",
+            Act::GeluTanh => " gelu",
+            Act::Silu => " silu",
+        },
+        s.tile
+    );
+    let mut rng = Rng::for_case(seed, &label);
+    let a = storage(&mut rng, s.dtype, s.m, s.k, s.trans_a);
+    let b = storage(&mut rng, s.dtype, s.k, s.n, s.trans_b);
+    let bias = random_tensor(&mut rng, s.dtype, &[s.n.max(1)], |r| r.normalish());
+    let c = poisoned(s.dtype, &[s.m, s.n]);
+    let args = vec![
+        ArgValue::Tensor(a),
+        ArgValue::Tensor(b),
+        ArgValue::Tensor(bias),
+        ArgValue::Tensor(c),
+    ];
+    let (bm, bn, bk) = s.tile;
+    Case {
+        kernel: "gemm",
+        kernel_name: None,
+        label,
+        defines: defines(&[
+            ("T", s.dtype.to_string()),
+            ("BM", bm.to_string()),
+            ("BN", bn.to_string()),
+            ("BK", bk.to_string()),
+            ("TRANS_A", s.trans_a.to_string()),
+            ("TRANS_B", s.trans_b.to_string()),
+            ("BIAS", s.bias.to_string()),
+            ("ACT", (s.act as i32).to_string()),
+        ]),
+        tensor_align: aligns(PARAMS, &args),
+        grid: [(cdiv(s.m, bm) * cdiv(s.n, bn)).max(1) as u32, 1, 1],
+        args,
+        outputs: vec![3],
+        reference: Box::new(move |args| {
+            let a = tensor_at(args, 0).to_f64_vec();
+            let b = tensor_at(args, 1).to_f64_vec();
+            let bias = tensor_at(args, 2).to_f64_vec();
+            vec![reference(&s, &a, &b, &bias)]
+        }),
+        // Products of two 16-bit values are exact in f32; the f32 sums of k of them,
+        // in another order than the reference's, differ by a few ulp of sum |a*b|
+        // (about sqrt(k) here), then the result is rounded once to T; GELU's
+        // `tanh.approx` adds ~2^-11 of |x|.
+        tolerance: Tolerance::for_dtype(
+            s.dtype,
+            Tolerance {
+                rel: if s.act == Act::GeluTanh { 1e-3 } else { 1e-5 },
+                abs: 4e-7 * (s.k as f64).max(1.0),
+            },
+        ),
+    }
+}
