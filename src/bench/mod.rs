@@ -15,6 +15,7 @@
 use kgen_core::types::DType;
 use std::fmt::Write as _;
 
+pub mod gemm;
 pub mod measure;
 
 /// The 148 parameter tensors of GPT-2 small (124M) in nanoGPT order (weight-tied

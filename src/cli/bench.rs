@@ -268,7 +268,52 @@ pub fn bench(a: BenchArgs) -> CliResult {
     if let Some(p) = &peers {
         merge_peers(&mut rows, p);
     }
-    let failed = rows.iter().filter(|r| r.result.is_err()).count();
+    let mut failed = rows.iter().filter(|r| r.result.is_err()).count();
+
+    // Tensor cores: GEMM beside cuBLAS, and the mma.sync ceiling of this GPU.
+    let gemm_plan: Vec<_> = kgen::bench::gemm::gemm_workloads()
+        .into_iter()
+        .filter(|w| selected(&w.name, a.filter.as_deref()))
+        .collect();
+    let mut gemm_table = None;
+    if !gemm_plan.is_empty() {
+        progress("mma.sync ceiling probe ...");
+        let ceiling = kgen::bench::gemm::mma_ceiling(&device);
+        let gemm_timer = Timer::new(&ops, if a.quick { 10 } else { 20 }, 3, FLUSH_BYTES)
+            .map_err(|e| CliError::Msg(e.to_string()))?;
+        let mut gemm_rows = Vec::new();
+        for (i, w) in gemm_plan.iter().enumerate() {
+            let t = std::time::Instant::now();
+            let row = kgen::bench::gemm::run_gemm(&ops, &gemm_timer, w, 0x6765_6d6d ^ i as u64);
+            progress(format!(
+                "[gemm {}/{}] {:<28} kgen {:?} us, cuBLAS {:?} us ({:.1} s)",
+                i + 1,
+                gemm_plan.len(),
+                w.name,
+                row.kgen_us,
+                row.cublas_us,
+                t.elapsed().as_secs_f64()
+            ));
+            if row.kgen_us.is_err() || row.agree.as_ref().is_ok_and(|e| *e > 0.05) {
+                failed += 1;
+            }
+            gemm_rows.push(row);
+        }
+        let ceiling_line = match &ceiling {
+            Ok((tf, cfg)) => format!(
+                "# mma.sync m16n8k16 bf16->f32 ceiling (register-only loop, best of blocks x                  warps sweep): {tf:.0} TFLOP/s ({cfg})"
+            ),
+            Err(e) => format!("# mma.sync ceiling probe failed: {e}"),
+        };
+        gemm_table = Some(format!(
+            "{ceiling_line}\n# GEMM: kgen (Ops::gemm, tuned) vs cuBLAS (cublasGemmEx through cudarc, f32 compute), same buffers, stream and timer; agree = max |kgen - cuBLAS| / (|cuBLAS| + 1) over 4096 sampled elements\n{}",
+            kgen::bench::gemm::format_gemm_table(
+                &gemm_rows,
+                ceiling.as_ref().ok().map(|c| c.0)
+            )
+            .trim_end()
+        ));
+    }
 
     let mut extras = serde_json::Map::new();
     let mut extra_lines = Vec::new();
@@ -545,6 +590,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
         copy_gbps.map_or("nothing".into(), |g| format!("{g:.0} GB/s"))
     ));
     say(format_table(&rows, copy_gbps).trim_end());
+    if let Some(t) = &gemm_table {
+        say(t);
+    }
     let missed = rows.iter().filter(|r| r.pass() == Some(false)).count();
     let passed = rows.iter().filter(|r| r.pass() == Some(true)).count();
     say(format!(

@@ -146,6 +146,7 @@ pub fn options(arch: Arch, spec: &SpecArgs) -> CompileOptions {
     o.defines = spec.defines.clone();
     o.num_warps = spec.warps;
     o.min_blocks_per_sm = spec.min_blocks_per_sm;
+    o.num_stages = spec.stages;
     o.tensor_align = spec.aligns.clone();
     o
 }

@@ -1,8 +1,10 @@
-//! `matmul`: c = a @ b on strided 2-D tensors (`kernels-src/matmul.kg`), so transposed
-//! operands are free views: `a.transpose(0, 1)`. The portable `dot` path (CUDA-core FMA);
-//! meant for the small matrices of the training demo and tests, not a cuBLAS peer.
+//! `matmul`: c = a @ b on 2-D tensors, transposed operands as free views
+//! (`a.transpose(0, 1)`). f16 and bf16 go to the tensor-core `gemm` (`ops/gemm.rs`) when
+//! each operand has a contiguous dimension; f32 (exact FMA, as `dot` promises) and other
+//! strides use the strided `kernels-src/matmul.kg` on CUDA cores.
 
 use super::{dtype_err, float_dtype, shape_err, OpError, Ops};
+use kgen_core::types::DType;
 use kgen_runtime::{grid_2d, Arg, Tensor};
 
 const BM: usize = 32;
@@ -22,6 +24,20 @@ impl Ops {
 
     /// `c = a @ b` into an existing `[M, N]` tensor (any strides).
     pub fn matmul_into(&self, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<(), OpError> {
+        let half = matches!(a.dtype(), DType::F16 | DType::BF16);
+        if half && b.dtype() == a.dtype() && c.dtype() == a.dtype() {
+            return self.gemm_into(a, b, None, super::gemm::Activation::None, c);
+        }
+        self.matmul_fma_into(a, b, c)
+    }
+
+    /// `c = a @ b` on CUDA cores (`matmul.kg`): any dtype, any strides.
+    pub(crate) fn matmul_fma_into(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+    ) -> Result<(), OpError> {
         const OP: &str = "matmul";
         let t = float_dtype(OP, a)?;
         if b.dtype() != t || c.dtype() != t {

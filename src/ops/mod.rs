@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 
 pub mod act;
 pub mod capture;
+pub mod gemm;
 pub mod linear;
 pub mod loss;
 pub mod norm;
@@ -149,10 +150,37 @@ impl Ops {
         min_blocks_per_sm: Option<u32>,
         tensors: &[(&str, &Tensor)],
     ) -> Result<Arc<Kernel>, OpError> {
+        self.kernel_full(
+            stem,
+            name,
+            defines,
+            num_warps,
+            min_blocks_per_sm,
+            None,
+            tensors,
+        )
+    }
+
+    /// [`Ops::kernel_bounded`] with a software-pipeline depth for the loops that feed
+    /// tensor-core `dot`s (`None`: the compiler's choice).
+    #[allow(clippy::too_many_arguments)]
+    pub fn kernel_full(
+        &self,
+        stem: &str,
+        name: &str,
+        defines: &[(&str, String)],
+        num_warps: Option<u32>,
+        min_blocks_per_sm: Option<u32>,
+        num_stages: Option<u32>,
+        tensors: &[(&str, &Tensor)],
+    ) -> Result<Arc<Kernel>, OpError> {
         // The map's key, built into one buffer (this runs on every op call).
         use std::fmt::Write;
         let mut key = String::with_capacity(96);
-        let _ = write!(key, "{stem}/{name}/{num_warps:?}/{min_blocks_per_sm:?}");
+        let _ = write!(
+            key,
+            "{stem}/{name}/{num_warps:?}/{min_blocks_per_sm:?}/{num_stages:?}"
+        );
         for (k, v) in defines {
             let _ = write!(key, "/{k}={v}");
         }
@@ -178,6 +206,7 @@ impl Ops {
         }
         opts.num_warps = num_warps;
         opts.min_blocks_per_sm = min_blocks_per_sm;
+        opts.num_stages = num_stages;
         opts.tensor_align = align;
         let k = self.device.kernel(&file, &opts)?;
         if let Ok(mut m) = self.kernels.lock() {

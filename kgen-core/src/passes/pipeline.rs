@@ -185,6 +185,8 @@ struct Staged {
     shape: Vec<u32>,
     name: String,
     span: Span,
+    /// A dimension whose tile index depends on the induction variable.
+    moving: Option<usize>,
 }
 
 /// Rewrites the `for` `id` (see the module docs). Returns the instructions to put before
@@ -272,6 +274,7 @@ fn pipeline_loop(
                     .clone()
                     .unwrap_or_else(|| format!("tile{}", staged.len())),
                 span: func.insts[l].span,
+                moving: index.iter().position(|&v| depends_on(func, v, iv, &def)),
             });
         }
     }
@@ -323,6 +326,18 @@ fn computable(
         && crate::ir::operands(op)
             .into_iter()
             .all(|o| computable(func, o, iv, def, body_values))
+}
+
+/// Whether `v` is computed (in the body) from the induction variable.
+fn depends_on(func: &Function, v: ValueId, iv: ValueId, def: &HashMap<ValueId, InstId>) -> bool {
+    if v == iv {
+        return true;
+    }
+    def.get(&v).is_some_and(|&i| {
+        crate::ir::operands(&func.insts[i].op)
+            .into_iter()
+            .any(|o| depends_on(func, o, iv, def))
+    })
 }
 
 /// The stage count: the user's (an error when its buffers do not fit), or the default
@@ -437,11 +452,14 @@ fn rewrite(
                 .iter()
                 .map(|&v| clone_chain(b, blk, v, iv, it, def, &mut memo))
                 .collect();
-            if let Some(first) = index.first_mut() {
+            // Past the loop's end the tile index of a dimension that moves with the loop
+            // (so the others stay loop-invariant) becomes -1: out of bounds, zeros.
+            let d = s.moving.unwrap_or(0);
+            if let Some(slot) = index.get_mut(d) {
                 let minus1 = konst(b, blk, -1);
-                *first = b.inst(
+                *slot = b.inst(
                     blk,
-                    Op::Select(in_range, *first, minus1),
+                    Op::Select(in_range, *slot, minus1),
                     vec![i32t.clone()],
                     span,
                 )[0];

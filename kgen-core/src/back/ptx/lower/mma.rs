@@ -139,6 +139,11 @@ impl Lowerer<'_> {
                 }
             }
             cur = next;
+            // The ring-buffer copies queued by the fetches before this dot, spread over
+            // its k-steps so they issue among the tensor-core instructions.
+            let left = self.deferred_copies.len();
+            let remaining_steps = (steps - s) as usize;
+            self.drain_some_copies(left.div_ceil(remaining_steps));
         }
         self.bind(res, cur);
         Ok(())

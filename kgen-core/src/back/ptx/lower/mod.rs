@@ -157,6 +157,11 @@ pub struct Lowerer<'a> {
     shared_life: staged::Lifetimes,
     shared_bufs: HashMap<u32, crate::back::ptx::smem::BufId>,
     staged_vals: HashMap<ValueId, staged::StagedView>,
+    /// The `cp.async` copies (and commits) of ring-buffer fetches not yet emitted: they
+    /// write a slot no instruction before the next wait reads, so they are issued among
+    /// the next tensor-core `dot`'s instructions (`mma.rs`) instead of in front of them,
+    /// and at the latest before anything that is not pure arithmetic (`drain_copies`).
+    deferred_copies: Vec<Stmt>,
     #[allow(clippy::type_complexity)]
     lane_offsets: HashMap<
         (
@@ -224,6 +229,7 @@ impl<'a> Lowerer<'a> {
             shared_life: staged::lifetimes(func, &asg.staged),
             shared_bufs: HashMap::new(),
             staged_vals: HashMap::new(),
+            deferred_copies: Vec::new(),
             lane_offsets: HashMap::new(),
             scratch,
             scratch_bytes,
@@ -280,6 +286,11 @@ impl<'a> Lowerer<'a> {
         let c = &mut self.reg_counts[class.index()];
         *c += 1;
         Reg { class, n: *c }
+    }
+
+    /// Appends a statement to the code being lowered (the prologue or the body).
+    pub(super) fn push_stmt(&mut self, s: Stmt) {
+        self.push(s)
     }
 
     fn push(&mut self, s: Stmt) {
@@ -803,6 +814,9 @@ impl<'a> Lowerer<'a> {
     fn block_insts(&mut self, b: &Block) -> R<Vec<ValueId>> {
         let mut batched: std::collections::HashSet<InstId> = std::collections::HashSet::new();
         for (k, &i) in b.insts.iter().enumerate() {
+            if !self.may_pass_deferred_copies(i) {
+                self.drain_copies();
+            }
             self.shared_alloc_before(i);
             let r = self.block_inst(b, k, i, &mut batched);
             self.shared_free_after(i);
@@ -810,7 +824,47 @@ impl<'a> Lowerer<'a> {
                 return Ok(vs);
             }
         }
+        self.drain_copies();
         Ok(Vec::new())
+    }
+
+    /// Whether instruction `i` may be lowered before the deferred ring-buffer copies are
+    /// issued: pure arithmetic, another ring-buffer fetch, a staged `scratch_load` (no
+    /// code), a transpose of one, or a tensor-core `dot` (which issues them itself).
+    fn may_pass_deferred_copies(&self, i: InstId) -> bool {
+        if self.deferred_copies.is_empty() {
+            return true;
+        }
+        let inst = &self.func.insts[i];
+        match &inst.op {
+            Op::ScratchFetch { buf, .. } => self.is_shared(*buf),
+            Op::ScratchLoad { .. } | Op::Permute(..) => inst
+                .results
+                .first()
+                .is_some_and(|r| self.asg.staged.contains(r)),
+            Op::Dot { .. } => inst.results.first().is_some_and(|&r| {
+                matches!(self.asg.layout(r), crate::back::ptx::layout::Layout::Mma(_))
+            }),
+            Op::For { .. } | Op::If { .. } | Op::Yield(_) => false,
+            op => crate::ir::props(op).is_pure(),
+        }
+    }
+
+    /// Issues every deferred ring-buffer copy now.
+    pub(super) fn drain_copies(&mut self) {
+        let q = std::mem::take(&mut self.deferred_copies);
+        for s in q {
+            self.push(s);
+        }
+    }
+
+    /// Issues the first `n` deferred copies (all when fewer remain).
+    pub(super) fn drain_some_copies(&mut self, n: usize) {
+        let n = n.min(self.deferred_copies.len());
+        let q: Vec<Stmt> = self.deferred_copies.drain(..n).collect();
+        for s in q {
+            self.push(s);
+        }
     }
 
     /// Lowers instruction `i` (the `k`-th of `b`), or the batch it starts; `Some` with the

@@ -259,16 +259,6 @@ impl Lowerer<'_> {
         }
         let dt = tp.dtype;
         let es = dt.size_bytes();
-        // Tile origin (elements).
-        let mut origin = Vec::with_capacity(2);
-        for d in 0..2 {
-            let idx = self.scalar(index[d], span)?;
-            origin.push(self.op1(
-                RegClass::B32,
-                "mul.lo.s32",
-                vec![idx.into(), Operand::Imm(real[d] as i64)],
-            ));
-        }
         let vec_bytes = if tp.contiguous {
             tp.align_bytes.min(16)
         } else {
@@ -284,13 +274,105 @@ impl Lowerer<'_> {
         }
         let policy = self.cache_policy(eviction);
         let pad_bits = super::memory::scalar_bits(padding, dt);
+        // A ring of two or more slots: the pipeline never reads the slot it fetches into
+        // before the next wait, so the copies may be issued later, among the next dot's
+        // instructions (`Lowerer::deferred_copies`).
+        let defer = async_copy && func.scratch[buf as usize].slots >= 2;
         let ve = vec_bytes / es; // elements per copy
         let per_row = tile.cols / ve;
         let chunks = tile.rows * per_row;
         let threads = self.threads();
+        // Once per fetch (uniform): the tile's origin, its address, whether it starts
+        // inside the tensor (a negative tile index, as the pipeline's past-the-end
+        // fetches use, reads nothing), and the columns left in its rows.
+        let mut origin = Vec::with_capacity(2);
+        for d in 0..2 {
+            let idx = self.scalar(index[d], span)?;
+            origin.push(self.op1(
+                RegClass::B32,
+                "mul.lo.s32",
+                vec![idx.into(), Operand::Imm(real[d] as i64)],
+            ));
+        }
+        let stride0 = t
+            .strides
+            .first()
+            .copied()
+            .map(|e| e.op())
+            .unwrap_or(Operand::Imm(0));
+        let stride1 = if tp.contiguous {
+            Operand::Imm(1)
+        } else {
+            t.strides
+                .get(1)
+                .copied()
+                .map(|e| e.op())
+                .unwrap_or(Operand::Imm(1))
+        };
+        let off0 = self.op1(
+            RegClass::B64,
+            "mul.wide.s32",
+            vec![origin[0].into(), stride0.clone()],
+        );
+        let off1 = self.op1(
+            RegClass::B64,
+            "mul.wide.s32",
+            vec![origin[1].into(), stride1.clone()],
+        );
+        let off = self.op1(RegClass::B64, "add.s64", vec![off0.into(), off1.into()]);
+        let tile_ptr = self.element_address(t.base, dt, off);
+        let neg0 = self.op1(
+            RegClass::Pred,
+            "setp.lt.s32",
+            vec![origin[0].into(), Operand::Imm(0)],
+        );
+        let neg1 = self.op1(
+            RegClass::Pred,
+            "setp.lt.s32",
+            vec![origin[1].into(), Operand::Imm(0)],
+        );
+        let neg = self.op1(RegClass::Pred, "or.pred", vec![neg0.into(), neg1.into()]);
+        let left = self.op1(
+            RegClass::B32,
+            "sub.s32",
+            vec![t.dims[1].op(), origin[1].into()],
+        );
+        let left = self.op1(
+            RegClass::B32,
+            "min.s32",
+            vec![left.into(), Operand::Imm(real[1] as i64)],
+        );
+        let left = self.op1(
+            RegClass::B32,
+            "selp.b32",
+            vec![Operand::Imm(0), left.into(), neg.into()],
+        );
+        // In bytes where the copy counts bytes.
+        let left = if async_copy {
+            self.op1(
+                RegClass::B32,
+                "mul.lo.s32",
+                vec![left.into(), Operand::Imm(es as i64)],
+            )
+        } else {
+            left
+        };
         let tid = self.tid();
+        // Every chunk is all in or all out when the tile's columns are whole chunks (the
+        // tensor's rows are, by the alignment contract): a predicate then says "zeros"
+        // (`ignore-src`) instead of a source size computed per chunk.
+        let whole_chunks = async_copy && real[1].is_multiple_of(ve);
+        // When the block's threads cover whole rows, eight at a time, a thread's chunks
+        // are rows apart by a multiple of 8: the same swizzle, so its later chunks' slot
+        // offsets are immediates from its first.
+        let rows_per_pass = threads / per_row.max(1);
+        let same_col = threads.is_multiple_of(per_row.max(1)) && rows_per_pass.is_multiple_of(8);
+        let span_bytes = tile.atom_cols() * es;
+        let mut first_soff: Option<Reg> = None;
         for k in 0..chunks.div_ceil(threads) {
-            // Chunk q = tid + k * threads: row q / per_row, column chunk q % per_row.
+            // Chunk q = tid + k * threads: row q / per_row, column chunk q % per_row; its
+            // row, column, swizzled slot offset and offset in the tensor from the tile's
+            // origin are loop-invariant (prologue).
             let (q, active) = self.in_prologue(|l| {
                 let q = l.op1(
                     RegClass::B32,
@@ -308,106 +390,149 @@ impl Lowerer<'_> {
                 (q, active)
             });
             let (row, col, soff) = self.chunk_coords(q, per_row, ve, &tile);
-            // Global coordinates, validity and the number of valid elements.
+            let (thr_off, col_units, row_in_tile) = self.in_prologue(|l| {
+                let r = l.op1(
+                    RegClass::B64,
+                    "mul.wide.s32",
+                    vec![row.into(), stride0.clone()],
+                );
+                let c = l.op1(
+                    RegClass::B64,
+                    "mul.wide.s32",
+                    vec![col.into(), stride1.clone()],
+                );
+                let e = l.op1(RegClass::B64, "add.s64", vec![r.into(), c.into()]);
+                let bytes = l.op1(
+                    RegClass::B64,
+                    "shl.b64",
+                    vec![e.into(), Operand::Imm(es.trailing_zeros() as i64)],
+                );
+                let units = if async_copy {
+                    l.op1(
+                        RegClass::B32,
+                        "mul.lo.s32",
+                        vec![col.into(), Operand::Imm(es as i64)],
+                    )
+                } else {
+                    col
+                };
+                let in_tile = (real[0] < tile.rows).then(|| {
+                    l.op1(
+                        RegClass::Pred,
+                        "setp.lt.u32",
+                        vec![row.into(), Operand::Imm(real[0] as i64)],
+                    )
+                });
+                (bytes, units, in_tile)
+            });
+            // The row is inside the tensor (unsigned: a negative row is not) and the tile.
             let grow = self.op1(RegClass::B32, "add.s32", vec![origin[0].into(), row.into()]);
-            let gcol = self.op1(RegClass::B32, "add.s32", vec![origin[1].into(), col.into()]);
-            let rows_ok = self.op1(
+            let ok = self.op1(
                 RegClass::Pred,
                 "setp.lt.u32",
                 vec![grow.into(), t.dims[0].op()],
             );
-            let rows_ok = if real[0] < tile.rows {
-                let in_tile = self.op1(
-                    RegClass::Pred,
-                    "setp.lt.u32",
-                    vec![row.into(), Operand::Imm(real[0] as i64)],
-                );
-                self.op1(
-                    RegClass::Pred,
-                    "and.pred",
-                    vec![rows_ok.into(), in_tile.into()],
-                )
-            } else {
-                rows_ok
+            let ok = match row_in_tile {
+                Some(p) => self.op1(RegClass::Pred, "and.pred", vec![ok.into(), p.into()]),
+                None => ok,
             };
-            // valid = clamp(min(dim1 - gcol, real1 - col), 0, ve), 0 where the row is out.
-            let left = self.op1(RegClass::B32, "sub.s32", vec![t.dims[1].op(), gcol.into()]);
-            let left = if real[1] < tile.cols {
-                let in_tile = self.op1(
-                    RegClass::B32,
-                    "sub.s32",
-                    vec![Operand::Imm(real[1] as i64), col.into()],
-                );
-                self.op1(RegClass::B32, "min.s32", vec![left.into(), in_tile.into()])
-            } else {
-                left
+            let gaddr = self.op1(
+                RegClass::B64,
+                "add.s64",
+                vec![tile_ptr.into(), thr_off.into()],
+            );
+            let (saddr, simm) = match first_soff {
+                Some(base) if same_col => (base, (k * rows_per_pass * span_bytes) as i64),
+                _ => {
+                    let a = self.op1(
+                        RegClass::B32,
+                        "add.s32",
+                        vec![slot_addr.into(), soff.into()],
+                    );
+                    if same_col {
+                        first_soff = Some(a);
+                    }
+                    (a, 0)
+                }
             };
+            if whole_chunks {
+                // In bounds (row and chunk) or zeros, without reading.
+                let inside = self.op1(
+                    RegClass::Pred,
+                    "setp.lt.s32",
+                    vec![col_units.into(), left.into()],
+                );
+                let inside = self.op1(RegClass::Pred, "and.pred", vec![inside.into(), ok.into()]);
+                let zeros = self.op1(RegClass::Pred, "not.pred", vec![inside.into()]);
+                let level = if vec_bytes == 16 { "cg" } else { "ca" };
+                let mut operands = vec![
+                    Operand::Mem(Addr::Reg(saddr), simm),
+                    Operand::Mem(Addr::Reg(gaddr), 0),
+                    Operand::Imm(vec_bytes as i64),
+                    zeros.into(),
+                ];
+                let hint = super::memory::cache_hint(policy, &mut operands);
+                let copy = crate::back::ptx::isa::Inst::new(
+                    active.map(|p| (p, false)),
+                    format!("cp.async.{level}.shared.global{hint}"),
+                    operands,
+                );
+                if defer {
+                    self.deferred_copies
+                        .push(crate::back::ptx::isa::Stmt::Inst(copy));
+                } else {
+                    self.push_stmt(crate::back::ptx::isa::Stmt::Inst(copy));
+                }
+                continue;
+            }
+            // What of the chunk is inside: clamp(left - col, 0, vec) (bytes or elements).
+            let unit = if async_copy { vec_bytes } else { ve };
+            let n = self.op1(
+                RegClass::B32,
+                "sub.s32",
+                vec![left.into(), col_units.into()],
+            );
             let n = self.op1(
                 RegClass::B32,
                 "min.s32",
-                vec![left.into(), Operand::Imm(ve as i64)],
+                vec![n.into(), Operand::Imm(unit as i64)],
             );
             let n = self.op1(RegClass::B32, "max.s32", vec![n.into(), Operand::Imm(0)]);
             let n = self.op1(
                 RegClass::B32,
                 "selp.b32",
-                vec![n.into(), Operand::Imm(0), rows_ok.into()],
+                vec![n.into(), Operand::Imm(0), ok.into()],
             );
-            let any = self.op1(
-                RegClass::Pred,
-                "setp.gt.s32",
-                vec![n.into(), Operand::Imm(0)],
-            );
-            // Address of the chunk (the tensor's base where nothing is read).
-            let stride = t
-                .strides
-                .first()
-                .copied()
-                .map(|e| e.op())
-                .unwrap_or(Operand::Imm(0));
-            let lin = self.op1(RegClass::B64, "mul.wide.s32", vec![grow.into(), stride]);
-            let col = if tp.contiguous {
-                self.op1(RegClass::B64, "cvt.s64.s32", vec![gcol.into()])
-            } else {
-                let s1 = t
-                    .strides
-                    .get(1)
-                    .copied()
-                    .map(|e| e.op())
-                    .unwrap_or(Operand::Imm(1));
-                self.op1(RegClass::B64, "mul.wide.s32", vec![gcol.into(), s1])
-            };
-            let lin = self.op1(RegClass::B64, "add.s64", vec![lin.into(), col.into()]);
-            let lin = self.op1(
-                RegClass::B64,
-                "selp.b64",
-                vec![lin.into(), Operand::Imm(0), any.into()],
-            );
-            let gaddr = self.element_address(t.base, dt, lin);
-            let saddr = self.op1(
-                RegClass::B32,
-                "add.s32",
-                vec![slot_addr.into(), soff.into()],
-            );
-            if async_copy {
-                let level = if vec_bytes == 16 { "cg" } else { "ca" };
-                let bytes = self.op1(
+            let saddr = if simm != 0 {
+                self.op1(
                     RegClass::B32,
-                    "mul.lo.s32",
-                    vec![n.into(), Operand::Imm(es as i64)],
-                );
+                    "add.s32",
+                    vec![saddr.into(), Operand::Imm(simm)],
+                )
+            } else {
+                saddr
+            };
+            if async_copy {
+                // A source size below the copy's zero-fills the rest; 0 reads nothing.
+                let level = if vec_bytes == 16 { "cg" } else { "ca" };
                 let mut operands = vec![
                     Operand::Mem(Addr::Reg(saddr), 0),
                     Operand::Mem(Addr::Reg(gaddr), 0),
                     Operand::Imm(vec_bytes as i64),
-                    bytes.into(),
+                    n.into(),
                 ];
                 let hint = super::memory::cache_hint(policy, &mut operands);
-                self.emit_if(
+                let copy = crate::back::ptx::isa::Inst::new(
                     active.map(|p| (p, false)),
                     format!("cp.async.{level}.shared.global{hint}"),
                     operands,
                 );
+                if defer {
+                    self.deferred_copies
+                        .push(crate::back::ptx::isa::Stmt::Inst(copy));
+                } else {
+                    self.push_stmt(crate::back::ptx::isa::Stmt::Inst(copy));
+                }
             } else {
                 // Element by element: the element or the padding (zero for slots past the
                 // tile's real extent is the padding too: a product must not read them).
@@ -415,7 +540,13 @@ impl Lowerer<'_> {
             }
         }
         self.count_fetch();
-        self.emit("cp.async.commit_group", vec![]);
+        let commit = crate::back::ptx::isa::Inst::new(None, "cp.async.commit_group", vec![]);
+        if defer {
+            self.deferred_copies
+                .push(crate::back::ptx::isa::Stmt::Inst(commit));
+        } else {
+            self.push_stmt(crate::back::ptx::isa::Stmt::Inst(commit));
+        }
         Ok(())
     }
 

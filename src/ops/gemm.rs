@@ -1,0 +1,230 @@
+//! `gemm`: c = act(a @ b + bias) on tensor cores (`kernels-src/gemm.kg`), f16 and bf16
+//! with f32 accumulation, any M, N, K and transposed operands as views.
+//!
+//! Operands: `a [M, K]` and `b [K, N]` may be row-major or transposed views (strides
+//! `[1, ld]`, e.g. `x.transpose(0, 1)` for a weight gradient `x.T @ dy`): the kernel
+//! reads the transposed storage and the tensor cores take the transpose for free
+//! (`ldmatrix.trans`), so no operand is copied. Other strides (neither dimension
+//! contiguous) and a non-contiguous `c` go to the strided `matmul.kg`.
+//! The configuration (tile sizes, warps, pipeline depth) is autotuned per shape among
+//! [`candidates`]; `KGEN_AUTOTUNE=0` takes the first.
+
+use super::plan::PlanKey;
+use super::{dtype_err, shape_err, OpError, Ops};
+use kgen_core::types::DType;
+use kgen_runtime::{Arg, Tensor};
+
+/// The epilogue activation (`gemm.kg`'s `ACT`), applied after the bias in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Activation {
+    #[default]
+    None,
+    Relu,
+    /// GELU with the tanh approximation (torch's `approximate='tanh'`).
+    GeluTanh,
+    Silu,
+}
+
+impl Activation {
+    fn code(self) -> u32 {
+        match self {
+            Activation::None => 0,
+            Activation::Relu => 1,
+            Activation::GeluTanh => 2,
+            Activation::Silu => 3,
+        }
+    }
+}
+
+/// A gemm configuration: tile sizes, warps and pipeline depth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmConfig {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    pub warps: u32,
+    pub stages: u32,
+}
+
+impl GemmConfig {
+    pub fn label(&self) -> String {
+        format!(
+            "BM={} BN={} BK={} w{} s{}",
+            self.bm, self.bn, self.bk, self.warps, self.stages
+        )
+    }
+}
+
+/// The tuner's candidates, the default first.
+pub fn candidates() -> Vec<GemmConfig> {
+    let c = |bm, bn, bk, warps, stages| GemmConfig {
+        bm,
+        bn,
+        bk,
+        warps,
+        stages,
+    };
+    vec![
+        c(128, 128, 32, 4, 3),
+        c(128, 128, 64, 4, 3),
+        c(128, 256, 32, 8, 3),
+        c(256, 128, 32, 8, 3),
+        c(128, 128, 32, 8, 4),
+        c(64, 128, 32, 4, 4),
+    ]
+}
+
+/// How an operand is passed: its row-major storage and whether that is the transpose.
+fn storage(t: &Tensor) -> Option<(Tensor, bool)> {
+    let (s, sh) = (t.strides(), t.shape());
+    if s[1] == 1 || sh[1] <= 1 {
+        return Some((t.clone(), false));
+    }
+    if s[0] == 1 || sh[0] <= 1 {
+        return t.transpose(0, 1).ok().map(|v| (v, true));
+    }
+    None
+}
+
+impl Ops {
+    /// `act(a @ b + bias)` → a new `[M, N]` tensor of the operands' dtype.
+    pub fn gemm(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        act: Activation,
+    ) -> Result<Tensor, OpError> {
+        let (m, n) = (
+            a.shape().first().copied().unwrap_or(0),
+            b.shape().get(1).copied().unwrap_or(0),
+        );
+        let c = self.empty(a.dtype(), &[m, n])?;
+        self.gemm_into(a, b, bias, act, &c)?;
+        Ok(c)
+    }
+
+    /// `c = act(a @ b + bias)` into an existing `[M, N]` tensor.
+    pub fn gemm_into(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        act: Activation,
+        c: &Tensor,
+    ) -> Result<(), OpError> {
+        const OP: &str = "gemm";
+        let t = a.dtype();
+        if !matches!(t, DType::F16 | DType::BF16) {
+            return Err(dtype_err(OP, format!("f16 or bf16 operands, not {t}")));
+        }
+        if b.dtype() != t || c.dtype() != t || bias.is_some_and(|x| x.dtype() != t) {
+            return Err(dtype_err(
+                OP,
+                format!(
+                    "operands must share a dtype: a {t}, b {}, c {}{}",
+                    b.dtype(),
+                    c.dtype(),
+                    bias.map(|x| format!(", bias {}", x.dtype()))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        if a.rank() != 2 || b.rank() != 2 || c.rank() != 2 {
+            return Err(shape_err(OP, "a, b and c must be 2-D"));
+        }
+        let (m, k) = (a.shape()[0], a.shape()[1]);
+        let n = b.shape()[1];
+        if b.shape()[0] != k || c.shape() != [m, n] {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "{:?} @ {:?} -> {:?} does not fit",
+                    a.shape(),
+                    b.shape(),
+                    c.shape()
+                ),
+            ));
+        }
+        if let Some(x) = bias {
+            if x.shape() != [n] {
+                return Err(shape_err(
+                    OP,
+                    format!("bias {:?} for {n} columns", x.shape()),
+                ));
+            }
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let c_ok = c.strides()[1] == 1 || n == 1;
+        let bias_ok = bias.is_none_or(|x| x.strides()[0] == 1 || n == 1);
+        let (Some((sa, ta)), Some((sb, tb)), true, true) = (storage(a), storage(b), c_ok, bias_ok)
+        else {
+            if bias.is_none() && act == Activation::None {
+                return self.matmul_fma_into(a, b, c);
+            }
+            return Err(shape_err(
+                OP,
+                "operands need one contiguous dimension, c and bias a contiguous last one",
+            ));
+        };
+        // Without a bias the kernel reads none: any contiguous one-element view will do.
+        let dummy;
+        let bias_t = match bias {
+            Some(x) => x,
+            None => {
+                dummy = sa.flatten()?.narrow(0, 0, 1)?;
+                &dummy
+            }
+        };
+        let key = PlanKey::new(OP)
+            .tensors(&[&sa, &sb, bias_t, c])
+            .word(ta as u64 | (tb as u64) << 1 | (bias.is_some() as u64) << 2)
+            .word(act.code() as u64);
+        let cands = candidates();
+        let defines = |cfg: &GemmConfig| -> Vec<(&'static str, String)> {
+            vec![
+                ("T", t.to_string()),
+                ("BM", cfg.bm.to_string()),
+                ("BN", cfg.bn.to_string()),
+                ("BK", cfg.bk.to_string()),
+                ("TRANS_A", ta.to_string()),
+                ("TRANS_B", tb.to_string()),
+                ("BIAS", bias.is_some().to_string()),
+                ("ACT", act.code().to_string()),
+            ]
+        };
+        let args = [
+            Arg::from(&sa),
+            Arg::from(&sb),
+            Arg::from(bias_t),
+            Arg::from(c),
+        ];
+        self.launch_planned(
+            key,
+            &args,
+            || format!("{t} {m}x{n}x{k} ta={ta} tb={tb}"),
+            || cands.iter().map(GemmConfig::label).collect(),
+            |i| {
+                let cfg = cands[i];
+                let kern = self.kernel_full(
+                    "gemm",
+                    "gemm",
+                    &defines(&cfg),
+                    Some(cfg.warps),
+                    None,
+                    Some(cfg.stages),
+                    &[("a", &sa), ("b", &sb), ("bias", bias_t), ("c", c)],
+                )?;
+                let tiles = m.div_ceil(cfg.bm as usize) * n.div_ceil(cfg.bn as usize);
+                let grid = [
+                    u32::try_from(tiles).map_err(|_| shape_err(OP, "too many tiles"))?,
+                    1,
+                    1,
+                ];
+                Ok((kern, grid))
+            },
+        )
+    }
+}
