@@ -267,7 +267,7 @@ pub fn mma_ceiling(device: &Device) -> Result<(f64, String), OpError> {
     let f = module
         .load_function("mma_probe")
         .map_err(|e| drv("cuModuleGetFunction", e))?;
-    let sms = gpu.info().sm_count as u32;
+    let sms = gpu.info().sm_count;
     let iters: u32 = 4096;
     let mut best = (0.0f64, String::new());
     for blocks_per_sm in [1u32, 2, 4] {
