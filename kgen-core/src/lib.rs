@@ -30,6 +30,7 @@ pub mod interp;
 pub mod ir;
 pub mod passes;
 pub mod pipeline;
+pub mod round;
 pub mod span;
 pub mod target;
 pub mod types;
