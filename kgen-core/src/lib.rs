@@ -21,6 +21,7 @@
 //! The whole sequence is visible in one place: [`pipeline::compile`].
 
 pub mod abi;
+pub mod abi_doc;
 pub mod back;
 pub mod check;
 pub mod diag;
