@@ -44,7 +44,12 @@ fn write(d: &Path, name: &str, bytes: &[u8]) -> String {
 #[track_caller]
 fn fails(o: &Output, status: i32, needles: &[&str]) {
     let e = stderr(o);
-    assert_eq!(o.status.code(), Some(status), "stderr: {e}\nstdout: {}", stdout(o));
+    assert_eq!(
+        o.status.code(),
+        Some(status),
+        "stderr: {e}\nstdout: {}",
+        stdout(o)
+    );
     for n in needles {
         assert!(e.contains(n), "`{n}` not in stderr:\n{e}");
     }
@@ -57,7 +62,10 @@ fn check_compile_and_run_say_e0205_for_a_file_without_kernels() {
     let d = dir("empty");
     for (name, text) in [
         ("empty.kg", ""),
-        ("comments.kg", "// only a comment\n/* and a block\n comment */\n\n"),
+        (
+            "comments.kg",
+            "// only a comment\n/* and a block\n comment */\n\n",
+        ),
     ] {
         let f = write(&d, name, text.as_bytes());
         let check = kgen(&["check", &f]);
@@ -78,7 +86,10 @@ fn kernel_name_errors_are_worded_the_same_by_check_and_compile() {
     fails(
         &check,
         1,
-        &["error[E0205]: no kernel named `vec_sub` in this file", "kernels in this file: vec_add"],
+        &[
+            "error[E0205]: no kernel named `vec_sub` in this file",
+            "kernels in this file: vec_add",
+        ],
     );
     fails(&compile, 1, &[]);
     assert_eq!(stderr(&check), stderr(&compile));
@@ -117,13 +128,27 @@ fn sm_90_is_refused_with_the_reason_and_the_fix() {
         );
         assert!(stdout(&o).is_empty());
     }
-    assert_eq!(kgen(&["compile", VEC_ADD, "--arch", "sm_90a"]).status.code(), Some(0));
+    assert_eq!(
+        kgen(&["compile", VEC_ADD, "--arch", "sm_90a"])
+            .status
+            .code(),
+        Some(0)
+    );
 }
 
 #[test]
 fn a_repeated_define_or_alignment_is_an_error_naming_both() {
     for cmd in ["compile", "check"] {
-        let o = kgen(&[cmd, VEC_ADD, "-D", "BLOCK=128", "-D", "T=f16", "-D", "BLOCK=256"]);
+        let o = kgen(&[
+            cmd,
+            VEC_ADD,
+            "-D",
+            "BLOCK=128",
+            "-D",
+            "T=f16",
+            "-D",
+            "BLOCK=256",
+        ]);
         fails(
             &o,
             1,
@@ -191,8 +216,14 @@ fn zero_and_oversized_grids_are_refused_before_anything_runs() {
         ("0", "axis 0 has 0 blocks"),
         ("4,0", "axis 1 has 0 blocks"),
         ("1,1,0", "axis 2 has 0 blocks"),
-        ("2147483648", "axis 0 has 2147483648 blocks; a launch allows at most 2147483647"),
-        ("1,65536", "axis 1 has 65536 blocks; a launch allows at most 65535"),
+        (
+            "2147483648",
+            "axis 0 has 2147483648 blocks; a launch allows at most 2147483647",
+        ),
+        (
+            "1,65536",
+            "axis 1 has 65536 blocks; a launch allows at most 65535",
+        ),
         ("1,1,70000", "axis 2 has 70000 blocks"),
     ] {
         let mut args = base.to_vec();
@@ -200,7 +231,11 @@ fn zero_and_oversized_grids_are_refused_before_anything_runs() {
         let t0 = std::time::Instant::now();
         let o = kgen(&args);
         fails(&o, 2, &[needle]);
-        assert!(!stdout(&o).contains("interpreter:"), "it ran: {}", stdout(&o));
+        assert!(
+            !stdout(&o).contains("interpreter:"),
+            "it ran: {}",
+            stdout(&o)
+        );
         assert!(t0.elapsed().as_secs() < 60);
     }
     // The largest legal grid on axes 1 and 2 still runs (the kernel ignores them here:
@@ -217,7 +252,11 @@ fn bench_without_a_gpu_fails_with_a_clear_message() {
         return;
     }
     let o = kgen(&["bench", "--quick"]);
-    fails(&o, 1, &["kgen bench: no usable GPU", "nothing was measured"]);
+    fails(
+        &o,
+        1,
+        &["kgen bench: no usable GPU", "nothing was measured"],
+    );
 }
 
 // ---- kgen run --input / --save-outputs ----------------------------------------------
@@ -249,11 +288,36 @@ fn load_npy(path: &Path) -> (String, Vec<u64>, Vec<f64>) {
     let descr = f.dtype().descr();
     let shape = f.shape().to_vec();
     let vals: Vec<f64> = match descr.as_str() {
-        "'<f4'" => f.into_vec::<f32>().unwrap().into_iter().map(f64::from).collect(),
-        "'<f2'" => f.into_vec::<half::f16>().unwrap().into_iter().map(f64::from).collect(),
-        "'<i4'" => f.into_vec::<i32>().unwrap().into_iter().map(f64::from).collect(),
-        "'<i8'" => f.into_vec::<i64>().unwrap().into_iter().map(|v| v as f64).collect(),
-        "'|b1'" => f.into_vec::<bool>().unwrap().into_iter().map(|b| b as u8 as f64).collect(),
+        "'<f4'" => f
+            .into_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        "'<f2'" => f
+            .into_vec::<half::f16>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        "'<i4'" => f
+            .into_vec::<i32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        "'<i8'" => f
+            .into_vec::<i64>()
+            .unwrap()
+            .into_iter()
+            .map(|v| v as f64)
+            .collect(),
+        "'|b1'" => f
+            .into_vec::<bool>()
+            .unwrap()
+            .into_iter()
+            .map(|b| b as u8 as f64)
+            .collect(),
         other => panic!("unexpected dtype {other}"),
     };
     (descr, shape, vals)
@@ -269,7 +333,8 @@ fn vals(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
-const AFFINE: &str = "kernel affine<B: int = 256>(x: tensor<f32, 2>, a: f32, y: tensor<f32, 2>) {\n\
+const AFFINE: &str =
+    "kernel affine<B: int = 256>(x: tensor<f32, 2>, a: f32, y: tensor<f32, 2>) {\n\
     let t = load(x, [bid(0), bid(1)], [1, B]);\n\
     store(y, [bid(0), bid(1)], t * a + 1.0);\n}\n";
 
@@ -293,8 +358,18 @@ fn run_reads_npy_inputs_and_saves_outputs() {
             let out = d.join(format!("out_{rows}_{cols}_{order:?}"));
             let grid = format!("{rows},{}", cols.div_ceil(256));
             let o = kgen(&[
-                "run", &k, "--no-gpu", "--grid", &grid, "--input", &format!("x={x}"), "--arg",
-                "a=-0.75", "--arg", &format!("y={rows}x{cols}"), "--save-outputs",
+                "run",
+                &k,
+                "--no-gpu",
+                "--grid",
+                &grid,
+                "--input",
+                &format!("x={x}"),
+                "--arg",
+                "a=-0.75",
+                "--arg",
+                &format!("y={rows}x{cols}"),
+                "--save-outputs",
                 &out.display().to_string(),
             ]);
             assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
@@ -304,7 +379,10 @@ fn run_reads_npy_inputs_and_saves_outputs() {
             for (i, (g, x)) in got.iter().zip(&v).enumerate() {
                 let xf = *x as f32 as f64;
                 let want = xf * -0.75 + 1.0;
-                assert!((g - want).abs() <= 1e-6 * want.abs().max(1.0), "{i}: {g} vs {want}");
+                assert!(
+                    (g - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{i}: {g} vs {want}"
+                );
             }
         }
     }
@@ -327,12 +405,35 @@ fn run_inputs_round_once_and_outputs_keep_their_dtypes() {
     let k = write(&d, "widen.kg", WIDEN.as_bytes());
     let p = |e: i32| 2f64.powi(e);
     let v = 1.0 + p(-8) + p(-40);
-    let x = save_npy(&d.join("x.npy"), &[4], npyz::Order::C, vec![v, -v, 0.5, 0.0]);
+    let x = save_npy(
+        &d.join("x.npy"),
+        &[4],
+        npyz::Order::C,
+        vec![v, -v, 0.5, 0.0],
+    );
     let out = d.join("out");
     let o = kgen(&[
-        "run", &k, "--no-gpu", "--grid", "1", "--arg", &format!("a={v}"), "--input",
-        &format!("x={x}"), "--arg", "h=4", "--arg", "y=4", "--arg", "b=4", "--arg", "n=4", "--arg",
-        "m=4", "--save-outputs", &out.display().to_string(),
+        "run",
+        &k,
+        "--no-gpu",
+        "--grid",
+        "1",
+        "--arg",
+        &format!("a={v}"),
+        "--input",
+        &format!("x={x}"),
+        "--arg",
+        "h=4",
+        "--arg",
+        "y=4",
+        "--arg",
+        "b=4",
+        "--arg",
+        "n=4",
+        "--arg",
+        "m=4",
+        "--save-outputs",
+        &out.display().to_string(),
     ]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let want = 1.0 + p(-7);
@@ -343,7 +444,11 @@ fn run_inputs_round_once_and_outputs_keep_their_dtypes() {
     assert_eq!((descr.as_str(), h), ("'<f2'", vec![want, -want, 0.5, 0.0]));
     let (descr, _, b) = load_npy(&out.join("b.npy"));
     assert_eq!((descr.as_str(), b), ("'<f4'", vec![want, -want, 0.5, 0.0]));
-    assert!(stderr(&o).contains("b.npy` holds bf16 values written as float32"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("b.npy` holds bf16 values written as float32"),
+        "{}",
+        stderr(&o)
+    );
     let (descr, _, n) = load_npy(&out.join("n.npy"));
     assert_eq!((descr.as_str(), n), ("'<i4'", vec![-5.0, -2.0, 1.0, 4.0]));
     let (descr, _, m) = load_npy(&out.join("m.npy"));
@@ -364,7 +469,14 @@ fn an_input_output_array_is_not_poisoned() {
     let y = save_npy(&d.join("y.npy"), &[32], npyz::Order::C, init.clone());
     let out = d.join("out");
     let o = kgen(&[
-        "run", &k, "--no-gpu", "--grid", "1", "--input", &format!("y={y}"), "--save-outputs",
+        "run",
+        &k,
+        "--no-gpu",
+        "--grid",
+        "1",
+        "--input",
+        &format!("y={y}"),
+        "--save-outputs",
         &out.display().to_string(),
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -387,20 +499,72 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
         a.extend_from_slice(extra);
         kgen(&a)
     };
-    let o = run(&["--input", &format!("x={x3}"), "--arg", "a=1", "--arg", "y=2x3"]);
-    fails(&o, 1, &["the array has shape [3] (rank 1), `x` has rank 2"]);
-    let o = run(&["--input", &format!("x={xi}"), "--arg", "a=1", "--arg", "y=2x3"]);
-    fails(&o, 1, &["arrays of `|u1` are not read; --input takes bool, int32"]);
-    let o = run(&["--input", &format!("a={x3}"), "--arg", "x=2x3", "--arg", "y=2x3"]);
-    fails(&o, 1, &["--input a=", "`a` is a scalar; give its value with --arg"]);
     let o = run(&[
-        "--input", &format!("x={x23}"), "--arg", "x=2x3", "--arg", "a=1", "--arg", "y=2x3",
+        "--input",
+        &format!("x={x3}"),
+        "--arg",
+        "a=1",
+        "--arg",
+        "y=2x3",
+    ]);
+    fails(&o, 1, &["the array has shape [3] (rank 1), `x` has rank 2"]);
+    let o = run(&[
+        "--input",
+        &format!("x={xi}"),
+        "--arg",
+        "a=1",
+        "--arg",
+        "y=2x3",
+    ]);
+    fails(
+        &o,
+        1,
+        &["arrays of `|u1` are not read; --input takes bool, int32"],
+    );
+    let o = run(&[
+        "--input",
+        &format!("a={x3}"),
+        "--arg",
+        "x=2x3",
+        "--arg",
+        "y=2x3",
+    ]);
+    fails(
+        &o,
+        1,
+        &["--input a=", "`a` is a scalar; give its value with --arg"],
+    );
+    let o = run(&[
+        "--input",
+        &format!("x={x23}"),
+        "--arg",
+        "x=2x3",
+        "--arg",
+        "a=1",
+        "--arg",
+        "y=2x3",
     ]);
     fails(&o, 1, &["`x` is given twice: --arg x=2x3 and --input x="]);
-    let o = run(&["--input", &format!("z={x23}"), "--arg", "x=2x3", "--arg", "a=1", "--arg", "y=2x3"]);
+    let o = run(&[
+        "--input",
+        &format!("z={x23}"),
+        "--arg",
+        "x=2x3",
+        "--arg",
+        "a=1",
+        "--arg",
+        "y=2x3",
+    ]);
     fails(&o, 1, &["`affine` has no parameter `z`"]);
     let missing = d.join("nope.npy").display().to_string();
-    let o = run(&["--input", &format!("x={missing}"), "--arg", "a=1", "--arg", "y=2x3"]);
+    let o = run(&[
+        "--input",
+        &format!("x={missing}"),
+        "--arg",
+        "a=1",
+        "--arg",
+        "y=2x3",
+    ]);
     fails(&o, 1, &["cannot open"]);
     // --save-outputs with --bench: the timing run saves nothing.
     let o = kgen(&["run", &k, "--grid", "1", "--bench", "--save-outputs", "o"]);
