@@ -58,6 +58,9 @@ fn vals(n: usize, seed: u64) -> Vec<f64> {
 /// non-contiguous tensors, the grid, scalar values by name, and a float64 reference
 /// (inputs in source order as row-major values → expected values of each written
 /// tensor, by name).
+/// Inputs (name, row-major values) and scalars → expected values per written tensor.
+type Reference = fn(&[(String, Vec<f64>)], &[(&str, f64)]) -> Vec<(String, Vec<f64>)>;
+
 struct Case {
     name: &'static str,
     text: &'static str,
@@ -66,7 +69,7 @@ struct Case {
     extents: &'static [(&'static str, &'static [usize])],
     grid: [u32; 3],
     scalars: &'static [(&'static str, f64)],
-    reference: fn(&[(String, Vec<f64>)], &[(&str, f64)]) -> Vec<(String, Vec<f64>)>,
+    reference: Reference,
 }
 
 fn input<'a>(ins: &'a [(String, Vec<f64>)], name: &str) -> &'a [f64] {
@@ -303,14 +306,14 @@ fn json_alignment_ok(t: &Value, shape: &[usize], strides: &[usize], base: u64) -
     let align = t["align_bytes"].as_u64().unwrap();
     let elem = t["elem_bytes"].as_u64().unwrap();
     let rank = shape.len();
-    let mut ok = base % align == 0;
+    let mut ok = base.is_multiple_of(align);
     for d in 0..rank.saturating_sub(1) {
         if shape[d] > 1 {
-            ok &= (strides[d] as u64 * elem) % align == 0;
+            ok &= (strides[d] as u64 * elem).is_multiple_of(align);
         }
     }
     if t["contiguous"].as_bool().unwrap() {
-        ok &= (shape[rank - 1] as u64 * elem) % align == 0;
+        ok &= (shape[rank - 1] as u64 * elem).is_multiple_of(align);
     }
     ok
 }

@@ -374,9 +374,8 @@ mod tests {
                     let (lo, lb) = l[i - 1];
                     let (hi, hb) = l[i];
                     let (lo, hi) = (lo as i128, hi as i128);
-                    if lo == a {
-                        sign | lb
-                    } else if 2 * a < lo + hi {
+                    // Exact (lo == a) or nearer the lower neighbour.
+                    if lo == a || 2 * a < lo + hi {
                         sign | lb
                     } else if 2 * a > lo + hi {
                         sign | hb
@@ -389,6 +388,41 @@ mod tests {
                 }
                 assert_eq!(conv(v), want, "{v}");
             }
+        }
+    }
+
+    /// Compile-time constants of a 16-bit dtype round once too (the checker materializes
+    /// them through `host::scalar_from_f64`): the PTX's constant and the interpreter's
+    /// value are 1 + 2^-7 and 1 + 2^-10, not 1.0 (issue 21).
+    #[test]
+    fn compile_time_constants_round_once() {
+        use crate::host::{ArgValue, HostTensor};
+        use crate::{compile, compile_to_ir, interp, Arch, CompileOptions, SourceFile};
+        let p = |e: i32| 2f64.powi(e);
+        for (d, v, want) in [
+            ("bf16", 1.0 + p(-8) + p(-40), 1.0 + p(-7)),
+            ("f16", 1.0 + p(-11) + p(-30), 1.0 + p(-10)),
+        ] {
+            let file = SourceFile::new(
+                "c.kg",
+                format!(
+                    "kernel c(y: tensor<f32, 1, contiguous>) {{\n\
+                     store(y, [0], full([4], {v}, {d}) as f32);\n}}\n"
+                ),
+            );
+            let bits = format!("0f{:08X}", (want as f32).to_bits());
+            for arch in Arch::ALL {
+                let k = compile(&file, &CompileOptions::new(arch))
+                    .unwrap_or_else(|e| panic!("{}", e.render(&file)));
+                assert!(k.ptx.contains(&bits), "{d}: {bits} not in\n{}", k.ptx);
+            }
+            let (f, _) = compile_to_ir(&file, &CompileOptions::new(Arch::Sm90a)).unwrap();
+            let mut args = vec![ArgValue::Tensor(HostTensor::zeros(DType::F32, &[4]))];
+            interp::run(&f, [1, 1, 1], &mut args).unwrap();
+            let ArgValue::Tensor(y) = &args[0] else {
+                unreachable!()
+            };
+            assert_eq!(y.to_f64_vec(), vec![want; 4], "{d}");
         }
     }
 }
