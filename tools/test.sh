@@ -8,9 +8,11 @@
 #      the interpreter against the float64 references; on a GPU machine also on the GPU)
 #      and `kgen` alone (the README's main job, the training demo; fails if the loss does
 #      not go down);
-#   4. compiles every kernel of every kernels-src/*.kg for sm_80 and sm_90a with
+#   4. runs tools/launch-with-cupy.py's cases through `kgen run --input/--save-outputs`
+#      against numpy (installs numpy with pip if it is missing);
+#   5. compiles every kernel of every kernels-src/*.kg for sm_80 and sm_90a with
 #      `kgen compile` and pipes it into ptxas as a smoke test;
-#   5. builds the README's `#[kgen::kernel]` example in a fresh `cargo new` crate, runs it
+#   6. builds the README's `#[kgen::kernel]` example in a fresh `cargo new` crate, runs it
 #      (PTX for sm_90a, a launch on the interpreter) and its insta snapshot test.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,6 +37,12 @@ step "kgen selftest"
 
 step "kgen (the README's main job: the training demo, here on the interpreter)"
 "$kgen"
+
+step "the --emit abi launcher's cases through kgen run --input/--save-outputs (.npy), against numpy"
+# (tools/launch-with-cupy.py: with cupy on a GPU machine; here its kgen-run form, which
+# checks the script's references, the .npy round trip and the rounding of inputs.)
+python3 -c 'import numpy' 2>/dev/null || python3 -m pip install --quiet numpy
+python3 tools/launch-with-cupy.py "$kgen" --launcher kgen-run
 
 step "kgen compile | ptxas, every bundled kernel, sm_80 and sm_90a"
 log="$(mktemp)"

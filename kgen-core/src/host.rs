@@ -2,6 +2,7 @@
 //! the runtime copies to and from the device. Elements are stored little-endian in the
 //! dtype's global-memory format (bool as one byte 0/1, f16/bf16 as IEEE/bfloat bits).
 
+use crate::round;
 use crate::types::{DType, Scalar};
 use half::{bf16, f16};
 
@@ -191,16 +192,39 @@ impl Scalar {
     }
 }
 
+/// The f16 or bf16 bits of a scalar, rounded once to nearest even (integers too, also
+/// beyond 2^53; bool as 0/1). Any other `dtype` gives its f16 bits.
+pub fn half_bits(dtype: DType, s: Scalar) -> u16 {
+    let bf = dtype == DType::BF16;
+    match s {
+        Scalar::Int(v, d) => {
+            let v = match d {
+                DType::U32 => v as u32 as i64,
+                DType::I32 => v as i32 as i64,
+                _ => v,
+            };
+            if bf {
+                round::i64_to_bf16(v).to_bits()
+            } else {
+                round::i64_to_f16(v).to_bits()
+            }
+        }
+        s if bf => round::f64_to_bf16(s.to_f64()).to_bits(),
+        s => round::f64_to_f16(s.to_f64()).to_bits(),
+    }
+}
+
 /// `v` converted to `dtype` with the language's cast rules (round to nearest even for
-/// narrowing floats; truncation with saturation, NaN → 0, for float → int).
+/// narrowing floats, once: see [`crate::round`]; truncation with saturation, NaN → 0,
+/// for float → int).
 pub fn scalar_from_f64(dtype: DType, v: f64) -> Scalar {
     match dtype {
         DType::Bool => Scalar::Bool(v != 0.0),
         DType::I32 => Scalar::Int(v as i32 as i64, DType::I32),
         DType::U32 => Scalar::Int(v as u32 as i64, DType::U32),
         DType::I64 => Scalar::Int(v as i64, DType::I64),
-        DType::F16 => Scalar::Float(f16::from_f64(v).to_f64(), DType::F16),
-        DType::BF16 => Scalar::Float(bf16::from_f64(v).to_f64(), DType::BF16),
+        DType::F16 => Scalar::Float(round::f64_to_f16(v).to_f64(), DType::F16),
+        DType::BF16 => Scalar::Float(round::f64_to_bf16(v).to_f64(), DType::BF16),
         DType::F32 => Scalar::Float(v as f32 as f64, DType::F32),
     }
 }
@@ -213,12 +237,8 @@ fn scalar_to_bytes(dtype: DType, s: Scalar) -> [u8; 8] {
             out[..4].copy_from_slice(&(v as u32).to_le_bytes())
         }
         (DType::I64, Scalar::Int(v, _)) => out.copy_from_slice(&v.to_le_bytes()),
-        (DType::F16, s) => {
-            out[..2].copy_from_slice(&f16::from_f64(s.to_f64()).to_bits().to_le_bytes())
-        }
-        (DType::BF16, s) => {
-            out[..2].copy_from_slice(&bf16::from_f64(s.to_f64()).to_bits().to_le_bytes())
-        }
+        (DType::F16, s) => out[..2].copy_from_slice(&half_bits(DType::F16, s).to_le_bytes()),
+        (DType::BF16, s) => out[..2].copy_from_slice(&half_bits(DType::BF16, s).to_le_bytes()),
         (DType::F32, s) => out[..4].copy_from_slice(&(s.to_f64() as f32).to_le_bytes()),
         (d, s) => return scalar_to_bytes(d, scalar_from_f64(d, s.to_f64())),
     }
@@ -270,5 +290,45 @@ mod tests {
             assert_eq!(c.strides, contiguous_strides(&shape));
             assert_eq!(c.to_f64_vec(), values);
         }
+    }
+
+    /// Host tensors and scalars round f64 once to f16/bf16 (issue 21: `half`'s
+    /// `from_f64` gave 1.0 for both of these).
+    #[test]
+    fn host_values_round_to_nearest_even_once() {
+        let p = |e: i32| 2f64.powi(e);
+        let cases = [
+            (DType::BF16, 1.0 + p(-8) + p(-40), 1.0 + p(-7)),
+            (DType::F16, 1.0 + p(-11) + p(-30), 1.0 + p(-10)),
+        ];
+        for (d, v, want) in cases {
+            let t = HostTensor::from_f64(d, &[3], &[v, -v, 0.5]);
+            assert_eq!(t.to_f64_vec(), vec![want, -want, 0.5], "{d}");
+            let mut u = HostTensor::zeros(d, &[2]);
+            u.set_linear(1, v);
+            assert_eq!(u.get_linear(1), want, "{d}");
+            assert_eq!(scalar_from_f64(d, v), Scalar::Float(want, d));
+            assert_eq!(
+                half_bits(d, Scalar::Float(v, DType::F32)),
+                half_bits(d, Scalar::Float(want, d))
+            );
+            // Writing a scalar of another dtype converts with one rounding as well.
+            let mut w = HostTensor::zeros(d, &[1]);
+            w.write_scalar(0, Scalar::Float(v, DType::F32));
+            assert_eq!(w.read_f64(0), want, "{d}");
+        }
+        // Integers round once too (through f64, 2^60 + 2^52 + 1 would become a tie).
+        let big = (1i64 << 60) + (1i64 << 52) + 1;
+        let mut w = HostTensor::zeros(DType::BF16, &[1]);
+        w.write_scalar(0, Scalar::Int(big, DType::I64));
+        assert_eq!(w.read_f64(0), p(60) + p(53));
+        assert_eq!(
+            half_bits(DType::F16, Scalar::Int(u32::MAX as i64, DType::U32)),
+            0x7C00
+        );
+        assert_eq!(
+            half_bits(DType::F16, Scalar::Int(-3, DType::I32)),
+            half::f16::from_f32(-3.0).to_bits()
+        );
     }
 }

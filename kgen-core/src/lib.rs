@@ -21,6 +21,7 @@
 //! The whole sequence is visible in one place: [`pipeline::compile`].
 
 pub mod abi;
+pub mod abi_doc;
 pub mod back;
 pub mod check;
 pub mod diag;
@@ -30,6 +31,7 @@ pub mod interp;
 pub mod ir;
 pub mod passes;
 pub mod pipeline;
+pub mod round;
 pub mod span;
 pub mod target;
 pub mod types;

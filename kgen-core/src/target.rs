@@ -48,10 +48,28 @@ impl FromStr for Arch {
     fn from_str(s: &str) -> Result<Arch, String> {
         match s {
             "sm_80" | "sm80" | "ampere" => Ok(Arch::Sm80),
-            "sm_90a" | "sm90a" | "sm_90" | "hopper" => Ok(Arch::Sm90a),
+            "sm_90a" | "sm90a" | "hopper" => Ok(Arch::Sm90a),
+            // Not an alias: sm_90 PTX is forward-compatible (the driver JIT-compiles it
+            // for later GPUs), sm_90a PTX is not. Taking one for the other silently
+            // would hand out PTX that does not load where the user expects it to.
+            "sm_90" | "sm90" | "compute_90" => Err(format!(
+                "`{s}`: kgen does not target plain sm_90; its Hopper target is `sm_90a` \
+                 (arch-specific PTX, `.target sm_90a`), which runs on every compute \
+                 capability 9.0 GPU (H100, H200, GH200) but, unlike sm_90 PTX, not on \
+                 later architectures. Pass `--arch sm_90a`"
+            )),
             _ => Err(format!("unknown arch `{s}`: expected `sm_80` or `sm_90a`")),
         }
     }
+}
+
+/// The largest grid a launch may have, along axes 0, 1, 2 (the same on every device kgen
+/// targets: 2^31 - 1, 65535, 65535 blocks).
+pub const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
+
+/// Whether `grid` is within [`MAX_GRID`] on every axis.
+pub fn grid_in_limits(grid: [u32; 3]) -> bool {
+    grid.iter().zip(MAX_GRID).all(|(g, m)| *g <= m)
 }
 
 /// What the target's instruction set offers.
@@ -176,6 +194,16 @@ pub fn source_targets(text: &str) -> Vec<Arch> {
 #[cfg(test)]
 mod source_target_tests {
     use super::*;
+
+    #[test]
+    fn sm_90_is_not_taken_for_sm_90a() {
+        assert_eq!("sm_90a".parse::<Arch>(), Ok(Arch::Sm90a));
+        assert_eq!("sm_80".parse::<Arch>(), Ok(Arch::Sm80));
+        for s in ["sm_90", "sm90", "compute_90"] {
+            let e = s.parse::<Arch>().unwrap_err();
+            assert!(e.contains("Pass `--arch sm_90a`") && e.contains(s), "{e}");
+        }
+    }
 
     #[test]
     fn target_lines_restrict_the_arches() {

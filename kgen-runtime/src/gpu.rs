@@ -405,7 +405,7 @@ impl Gpu {
 
 /// Grid limits of every CUDA device kgen targets.
 pub fn check_grid(grid: [u32; 3]) -> Result<(), RuntimeError> {
-    if grid[0] > i32::MAX as u32 || grid[1] > 65535 || grid[2] > 65535 {
+    if !kgen_core::target::grid_in_limits(grid) {
         return Err(RuntimeError::LaunchConfig(format!(
             "grid {grid:?} exceeds the limits (2^31-1, 65535, 65535)"
         )));

@@ -375,6 +375,32 @@ fn scalar_bits() {
         scalar_param_bits(Scalar::Float(-2.0, DType::F16), DType::F16),
         (half::f16::from_f32(-2.0).to_bits() as u64, 2)
     );
+    // 16-bit scalars round once from the value given (issue 21: `half`'s `from_f64`
+    // gave 1.0 for both), whatever dtype the scalar was built with.
+    let p = |e: i32| 2f64.powi(e);
+    for (d, v, want) in [
+        (DType::BF16, 1.0 + p(-8) + p(-40), 1.0 + p(-7)),
+        (DType::F16, 1.0 + p(-11) + p(-30), 1.0 + p(-10)),
+    ] {
+        let bits = |x: f64| kgen_core::round::f64_to_bf16(x).to_bits() as u64;
+        let want_bits = match d {
+            DType::BF16 => bits(want),
+            _ => kgen_core::round::f64_to_f16(want).to_bits() as u64,
+        };
+        assert_eq!(want_bits, {
+            let w = if d == DType::BF16 {
+                half::bf16::from_f64(want).to_bits()
+            } else {
+                half::f16::from_f64(want).to_bits()
+            };
+            w as u64
+        });
+        assert_eq!(scalar_param_bits(Scalar::Float(v, d), d), (want_bits, 2));
+        assert_eq!(
+            scalar_param_bits(Scalar::Float(-v, DType::F32), d),
+            (want_bits | 0x8000, 2)
+        );
+    }
 }
 
 #[test]

@@ -45,6 +45,40 @@ fn axpy_for(d: &Device, t: DType, x: &Tensor, y: &Tensor, out: &Tensor) -> std::
     d.kernel(&file(), &o).unwrap()
 }
 
+/// `Device::from_f64` and 16-bit scalar arguments round once to nearest even (issue
+/// 21: `half`'s `from_f64` gave 1.0 for both values); the kernel widens exactly to f32.
+#[test]
+fn from_f64_and_half_scalar_arguments_round_once() {
+    let d = Device::interpreter();
+    let p = |e: i32| 2f64.powi(e);
+    let src = SourceFile::new(
+        "widen.kg",
+        "kernel widen<T: float = bf16>(a: T, x: tensor<T, 1, contiguous>, y: tensor<f32, 1, contiguous>) {\n\
+         let v = load(x, [0], [4]) as f32;\n\
+         store(y, [0], where(arange(0, 4) == 3, a as f32, v));\n}\n",
+    );
+    for (t, v, want) in [
+        (DType::BF16, 1.0 + p(-8) + p(-40), 1.0 + p(-7)),
+        (DType::F16, 1.0 + p(-11) + p(-30), 1.0 + p(-10)),
+    ] {
+        let x = d.from_f64(t, &[4], &[v, -v, 0.25, 0.0]).unwrap();
+        assert_eq!(x.to_f64_vec().unwrap()[..2], [want, -want]);
+        let y = d.from_f64(DType::F32, &[4], &[f64::NAN; 4]).unwrap();
+        let mut o = CompileOptions::new(d.arch()).define("T", t);
+        o.tensor_align = alignments(&[("x", &x), ("y", &y)]);
+        let k = d.kernel(&src, &o).unwrap();
+        let s = d.stream();
+        let a = Arg::Scalar(kgen_core::types::Scalar::Float(v, t));
+        d.launch(&s, &k, [1, 1, 1], &[a, Arg::from(&x), Arg::from(&y)])
+            .unwrap();
+        assert_eq!(
+            y.to_f64_vec().unwrap(),
+            vec![want, -want, 0.25, want],
+            "{t}"
+        );
+    }
+}
+
 #[test]
 fn launch_matches_f64_reference_on_awkward_sizes() {
     let d = Device::interpreter();

@@ -292,8 +292,8 @@ pub fn scalar_param_bits(s: Scalar, dtype: DType) -> (u64, u32) {
         (DType::U32, Scalar::Int(i, _)) => (i as u32 as u64, 4),
         (DType::I64, Scalar::Int(i, _)) => (i as u64, 8),
         (DType::F32, s) => ((s.to_f64() as f32).to_bits() as u64, 4),
-        (DType::F16, s) => (half::f16::from_f64(s.to_f64()).to_bits() as u64, 2),
-        (DType::BF16, s) => (half::bf16::from_f64(s.to_f64()).to_bits() as u64, 2),
+        // One rounding from the argument's own value (f64 or integer) to 16 bits.
+        (DType::F16 | DType::BF16, _) => (kgen_core::host::half_bits(dtype, s) as u64, 2),
         // scalar_from_f64 gives Int for every integer dtype; keep a total match anyway.
         (_, s) => (s.to_f64() as i64 as u64, dtype.size_bytes()),
     }

@@ -209,12 +209,12 @@ pub fn bench(a: BenchArgs) -> CliResult {
     let device = match Device::cuda(0) {
         Ok(d) => d,
         Err(e) => {
-            say(format!(
+            // Nothing was measured: a script must not take this for a benchmark run.
+            return Err(CliError::Msg(format!(
                 "kgen bench: no usable GPU ({e}).\nkgen bench times kernels on a GPU; \
                  nothing was measured. (The compile-time benchmark runs without one: \
                  `cargo bench --bench compile`.)"
-            ));
-            return Ok(());
+            )));
         }
     };
     let gpt2 = gpt2_param_shapes();

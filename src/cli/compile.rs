@@ -1,13 +1,17 @@
 //! `kgen compile` and `kgen check`.
 
-use super::common::{options, print_diags, read_source, say, CliError, CliResult};
+use super::common::{
+    check_align_names, check_repeats, checked_options, has_tensor, options, print_diags,
+    read_source, say, CliError, CliResult,
+};
 use super::{CheckArgs, CompileArgs, Emit};
+use kgen::core::abi_doc::AbiDoc;
 use kgen::core::{compile_to_ir, front, CompileOptions};
 use std::io::Write;
 
 pub fn compile(a: CompileArgs) -> CliResult {
     let file = read_source(&a.file)?;
-    let opts = options(a.arch, &a.spec);
+    let opts = checked_options(&file, a.arch, &a.spec)?;
     let text = match a.emit {
         Emit::Ir => match compile_to_ir(&file, &opts) {
             Ok((func, _spec)) => format!("{func}"),
@@ -16,7 +20,8 @@ pub fn compile(a: CompileArgs) -> CliResult {
                 return Err(CliError::Exit(1));
             }
         },
-        Emit::Ptx => match kgen::core::compile(&file, &opts) {
+        Emit::Ptx | Emit::Abi => match kgen::core::compile(&file, &opts) {
+            Ok(k) if a.emit == Emit::Abi => AbiDoc::of(&k).to_json(),
             Ok(k) => k.ptx,
             Err(d) => {
                 print_diags(&d, &file);
@@ -41,6 +46,7 @@ pub fn compile(a: CompileArgs) -> CliResult {
 
 pub fn check(a: CheckArgs) -> CliResult {
     let file = read_source(&a.file)?;
+    check_repeats(&a.spec)?;
     let module = match front::parse(&file) {
         Ok(m) => m,
         Err(d) => {
@@ -48,41 +54,48 @@ pub fn check(a: CheckArgs) -> CliResult {
             return Err(CliError::Exit(1));
         }
     };
-    let kernels: Vec<(String, Vec<String>)> = module
-        .kernels
-        .iter()
-        .map(|k| {
-            (
-                k.name.name.clone(),
-                k.generics.iter().map(|g| g.name.name.clone()).collect(),
-            )
-        })
-        .collect();
-    let selected: Vec<&(String, Vec<String>)> = match &a.spec.kernel {
-        Some(name) => {
-            let Some(k) = kernels.iter().find(|(n, _)| n == name) else {
-                let names: Vec<&str> = kernels.iter().map(|(n, _)| n.as_str()).collect();
-                return Err(CliError::Msg(format!(
-                    "no kernel `{name}` in `{}` (it has: {})",
-                    file.name,
-                    names.join(", ")
-                )));
-            };
-            vec![k]
-        }
-        None => kernels.iter().collect(),
+    let selected: Vec<&front::ast::Kernel> = match &a.spec.kernel {
+        Some(name) => module
+            .kernels
+            .iter()
+            .filter(|k| &k.name.name == name)
+            .collect(),
+        None => module.kernels.iter().collect(),
     };
+    if selected.is_empty() {
+        // No kernel, or no kernel of that name: the compiler's own error (E0205), worded
+        // as `compile` and `run` word it.
+        let opts = options(a.arch, &a.spec);
+        if let Err(d) = kgen::core::compile(&file, &opts) {
+            print_diags(&d, &file);
+            return Err(CliError::Exit(1));
+        }
+        return Err(CliError::Msg(
+            "internal: no kernel was selected, yet the compiler found one".into(),
+        ));
+    }
+    check_align_names(&a.spec, &selected)?;
     let mut failed = 0usize;
-    for (name, generics) in &selected {
+    for k in &selected {
         let mut opts: CompileOptions = options(a.arch, &a.spec);
-        opts.kernel = Some(name.clone());
+        opts.kernel = Some(k.name.name.clone());
         // A define goes to the kernels that declare it; one that no kernel declares goes
-        // to every kernel, so that the checker reports it.
+        // to every kernel, so that the checker reports it. An alignment goes to the
+        // kernels that have such a tensor (every name names one in some kernel).
+        let declares =
+            |k: &front::ast::Kernel, d: &str| k.generics.iter().any(|g| g.name.name == d);
         opts.defines = a
             .spec
             .defines
             .iter()
-            .filter(|(d, _)| generics.contains(d) || !kernels.iter().any(|(_, g)| g.contains(d)))
+            .filter(|(d, _)| declares(k, d) || !module.kernels.iter().any(|m| declares(m, d)))
+            .cloned()
+            .collect();
+        opts.tensor_align = a
+            .spec
+            .aligns
+            .iter()
+            .filter(|(n, _)| has_tensor(k, n))
             .cloned()
             .collect();
         if let Err(d) = kgen::core::compile(&file, &opts) {

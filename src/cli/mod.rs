@@ -6,6 +6,7 @@ mod bench;
 mod cache;
 mod common;
 mod compile;
+mod npy;
 mod run;
 mod run_bench;
 mod selftest;
@@ -25,8 +26,10 @@ use std::path::PathBuf;
     after_help = "Examples:\n  \
         kgen compile kernels-src/rmsnorm.kg --arch sm_90a -D T=f16 -D BLOCK=2048\n  \
         kgen compile kernels-src/rmsnorm.kg --emit ir\n  \
+        kgen compile kernels-src/softmax.kg --emit abi     (the launch ABI, JSON)\n  \
         kgen check my_kernel.kg\n  \
         kgen run kernels-src/softmax.kg --grid 1000 --arg x=1000x4097 --arg y=1000x4097\n  \
+        kgen run k.kg --grid 8 --input x=x.npy --arg y=1000 --save-outputs out/\n  \
         kgen selftest [--gpu] [--full] [--filter softmax]\n  \
         kgen train [--steps N] [--no-gpu]     (also what `kgen` alone runs)\n  \
         kgen bench [--filter rmsnorm] [--peers peers.json]\n  \
@@ -40,7 +43,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Compile one kernel to PTX (or to tile IR with --emit ir); writes stdout unless -o.
+    /// Compile one kernel to PTX (or to tile IR with --emit ir, or its launch ABI as JSON
+    /// with --emit abi); writes stdout unless -o.
     Compile(CompileArgs),
     /// Report diagnostics for every kernel in a file (front end, checker, validation and
     /// the back end's target limits); prints "ok: N kernel(s)" when clean.
@@ -97,6 +101,11 @@ enum Emit {
     Ptx,
     /// The optimized tile IR, as text.
     Ir,
+    /// The launch ABI as JSON: entry name, the PTX parameters in order and what fills
+    /// each, every tensor's dtype, rank, constant extents, contiguity and required
+    /// alignment, threads per block, shared memory, cluster size (docs/ARCHITECTURE.md,
+    /// "The launch ABI").
+    Abi,
 }
 
 #[derive(Args, Debug)]
@@ -137,9 +146,24 @@ struct RunArgs {
     #[arg(long, value_name = "X[,Y,Z]", value_parser = common::parse_grid)]
     grid: Option<[u32; 3]>,
     /// A kernel argument: a tensor shape (`1000x4097`, filled with random data) or a
-    /// scalar value (`1e-5`, `42`, `true`); one per parameter.
+    /// scalar value (`1e-5`, `42`, `true`; 16-bit floats are rounded to nearest even);
+    /// one per parameter (or --input for a tensor).
     #[arg(long = "arg", value_name = "NAME=SPEC", value_parser = common::parse_arg_spec)]
     args: Vec<(String, String)>,
+    /// A tensor argument read from a .npy file instead of random data (in place of its
+    /// --arg): bool, int32, int64, uint32, float16, float32 or float64, C or Fortran
+    /// order, with the parameter's rank and constant extents. Values are converted to
+    /// the parameter's dtype: floats and integers to a float dtype rounded once to
+    /// nearest even; integers to an integer dtype only when they fit; bool to bool.
+    /// Repeatable.
+    #[arg(long = "input", value_name = "NAME=FILE.npy", value_parser = common::parse_input)]
+    inputs: Vec<(String, PathBuf)>,
+    /// Write every tensor the kernel writes to DIR/NAME.npy (DIR is created if needed),
+    /// in the tensor's dtype; bf16 is written as float32 (numpy has no bfloat16; the
+    /// widening is exact), with a note on stderr. The files hold the GPU's results when
+    /// the kernel ran on a GPU, else the interpreter's.
+    #[arg(long, value_name = "DIR", conflicts_with = "bench")]
+    save_outputs: Option<PathBuf>,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,

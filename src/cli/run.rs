@@ -3,7 +3,7 @@
 //! (`run_bench`).
 
 use super::common::{
-    fmt_err, open_gpu, options, print_diags, read_source, say, CliError, CliResult,
+    checked_options, fmt_err, open_gpu, print_diags, read_source, say, CliError, CliResult,
 };
 use super::RunArgs;
 use kgen::cases::compare::compare_values;
@@ -14,6 +14,7 @@ use kgen::core::ir::{Function, ParamKind};
 use kgen::core::types::{DType, Scalar};
 use kgen::core::{compile_to_ir, interp, Arch};
 use kgen::runtime::natural_alignment;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// The most elements `kgen run` allocates for one tensor.
@@ -164,11 +165,14 @@ fn random_tensor(rng: &mut Rng, dtype: DType, shape: &[usize]) -> HostTensor {
     HostTensor::from_f64(dtype, shape, &vals)
 }
 
+/// The arguments, in parameter order, and for each whether it is random data (only
+/// random pure outputs are poisoned: an --input array is the user's).
 fn build_args(
     func: &Function,
     given: &[(String, String)],
+    inputs: &[(String, PathBuf)],
     seed: u64,
-) -> Result<Vec<ArgValue>, String> {
+) -> Result<(Vec<ArgValue>, Vec<bool>), String> {
     for (i, (n, _)) in given.iter().enumerate() {
         if given[..i].iter().any(|(m, _)| m == n) {
             return Err(format!("--arg {n} is given twice"));
@@ -181,10 +185,41 @@ fn build_args(
             ));
         }
     }
+    for (i, (n, path)) in inputs.iter().enumerate() {
+        if inputs[..i].iter().any(|(m, _)| m == n) {
+            return Err(format!("--input {n} is given twice"));
+        }
+        match func.params.iter().find(|p| &p.name == n) {
+            None => {
+                return Err(format!(
+                    "--input {n}={}: `{}` has no parameter `{n}`\n{}",
+                    path.display(),
+                    func.source_name,
+                    params_help(func)
+                ))
+            }
+            Some(p) if matches!(p.kind, ParamKind::Scalar(_)) => {
+                return Err(format!(
+                    "--input {n}={}: `{n}` is a scalar; give its value with --arg\n  {}",
+                    path.display(),
+                    param_hint(n, &p.kind)
+                ))
+            }
+            Some(_) => {}
+        }
+        if let Some((_, spec)) = given.iter().find(|(m, _)| m == n) {
+            return Err(format!(
+                "`{n}` is given twice: --arg {n}={spec} and --input {n}={}; give one",
+                path.display()
+            ));
+        }
+    }
     let missing: Vec<String> = func
         .params
         .iter()
-        .filter(|p| !given.iter().any(|(n, _)| n == &p.name))
+        .filter(|p| {
+            !given.iter().any(|(n, _)| n == &p.name) && !inputs.iter().any(|(n, _)| n == &p.name)
+        })
         .map(|p| format!("  {}", param_hint(&p.name, &p.kind)))
         .collect();
     if !missing.is_empty() {
@@ -192,11 +227,26 @@ fn build_args(
     }
     let mut rng = Rng::new(seed);
     let mut args = Vec::with_capacity(func.params.len());
+    let mut random = Vec::with_capacity(func.params.len());
     for p in &func.params {
+        if let Some((_, path)) = inputs.iter().find(|(n, _)| n == &p.name) {
+            let ParamKind::Tensor(t) = &p.kind else {
+                return Err(format!("--input {}: not a tensor", p.name));
+            };
+            args.push(ArgValue::Tensor(super::npy::read_input(
+                &p.name,
+                path,
+                t.dtype,
+                &t.dims,
+                MAX_ELEMENTS,
+            )?));
+            random.push(false);
+            continue;
+        }
         let spec = &given
             .iter()
             .find(|(n, _)| n == &p.name)
-            .expect("checked above")
+            .ok_or_else(|| format!("internal: no --arg for `{}`", p.name))?
             .1;
         args.push(match &p.kind {
             ParamKind::Scalar(d) => ArgValue::Scalar(parse_scalar(&p.name, spec, *d)?),
@@ -205,8 +255,41 @@ fn build_args(
                 ArgValue::Tensor(random_tensor(&mut rng, t.dtype, &shape))
             }
         });
+        random.push(true);
     }
-    Ok(args)
+    Ok((args, random))
+}
+
+/// Writes every output tensor to `dir/NAME.npy`; notes (bf16 as f32) go to stderr.
+fn save_outputs(
+    dir: &Path,
+    func: &Function,
+    outputs: &[usize],
+    args: &[ArgValue],
+    from: &str,
+) -> Result<(), CliError> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        CliError::Msg(format!(
+            "--save-outputs: cannot create `{}`: {e}",
+            dir.display()
+        ))
+    })?;
+    let mut written = Vec::new();
+    for &i in outputs {
+        let Some(t) = tensor(&args[i]) else { continue };
+        let path = dir.join(format!("{}.npy", func.params[i].name));
+        if let Some(note) = super::npy::write_output(&path, t).map_err(CliError::Msg)? {
+            eprintln!("note: {note}");
+        }
+        written.push(path.display().to_string());
+    }
+    if !written.is_empty() {
+        say(format_args!(
+            "saved the {from}'s outputs: {}",
+            written.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 fn tensor(a: &ArgValue) -> Option<&HostTensor> {
@@ -257,7 +340,7 @@ pub fn run(a: RunArgs) -> CliResult {
         }
     };
     let arch = gpu.as_ref().and_then(|g| g.arch()).unwrap_or(Arch::Sm90a);
-    let mut opts = options(arch, &a.spec);
+    let mut opts = checked_options(&file, arch, &a.spec)?;
     let (mut func, _) = compile_to_ir(&file, &opts).map_err(|d| {
         print_diags(&d, &file);
         CliError::Exit(1)
@@ -270,7 +353,7 @@ pub fn run(a: RunArgs) -> CliResult {
             params_help(&func)
         )));
     };
-    let mut args = build_args(&func, &a.args, a.seed)?;
+    let (mut args, random) = build_args(&func, &a.args, &a.inputs, a.seed)?;
 
     // Specialize for the alignment the inputs really have (the default assumes 16 bytes).
     let mut realigned = Vec::new();
@@ -302,7 +385,8 @@ pub fn run(a: RunArgs) -> CliResult {
         print_diags(&d, &file);
         CliError::Exit(1)
     })?;
-    // Outputs: tensors the kernel writes. Pure outputs start poisoned (NaN).
+    // Outputs: tensors the kernel writes. Pure outputs of random data start poisoned
+    // (NaN); an --input array is kept as given.
     let outputs: Vec<usize> = kernel
         .abi
         .source_params
@@ -312,8 +396,8 @@ pub fn run(a: RunArgs) -> CliResult {
         .map(|(i, _)| i)
         .collect();
     for &i in &outputs {
-        if let (SourceParam::Tensor { read: false, .. }, ArgValue::Tensor(t)) =
-            (&kernel.abi.source_params[i], &mut args[i])
+        if let (SourceParam::Tensor { read: false, .. }, ArgValue::Tensor(t), true) =
+            (&kernel.abi.source_params[i], &mut args[i], random[i])
         {
             t.poison(0xFF);
         }
@@ -399,6 +483,12 @@ pub fn run(a: RunArgs) -> CliResult {
     }
     if outputs.is_empty() {
         say("the kernel writes no tensor");
+    }
+    if let Some(dir) = &a.save_outputs {
+        match &gargs {
+            Some(ga) => save_outputs(dir, &func, &outputs, ga, "GPU")?,
+            None => save_outputs(dir, &func, &outputs, &iargs, "interpreter")?,
+        }
     }
     if gpu.is_none() {
         say(format_args!(

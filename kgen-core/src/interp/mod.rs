@@ -8,6 +8,8 @@
 //! - arguments are checked first (count, kind, dtype, rank, constant extents, contiguity,
 //!   extents/strides that fit in i32, storage covering the view); nothing is written
 //!   unless they all pass;
+//! - a grid beyond the GPU's limits ([`crate::target::MAX_GRID`]) is refused with
+//!   [`InterpError::GridTooLarge`], as a launch on the GPU is;
 //! - blocks run one after another in grid order (x fastest, then y, then z); an empty
 //!   grid runs nothing; each instruction runs once per block over whole tiles;
 //! - `for` runs `iv = lower, lower+step, ...` while `iv < upper` (computed without
@@ -104,6 +106,12 @@ pub enum InterpError {
     Malformed(String),
     #[error("grid axis 0 is {grid_x}, not a multiple of the kernel's cluster size {cluster}")]
     ClusterGrid { grid_x: u32, cluster: u32 },
+    #[error(
+        "grid [{}, {}, {}] exceeds the limits of a launch ({}, {}, {} blocks along axes 0, 1, 2)",
+        grid[0], grid[1], grid[2],
+        crate::target::MAX_GRID[0], crate::target::MAX_GRID[1], crate::target::MAX_GRID[2]
+    )]
+    GridTooLarge { grid: [u32; 3] },
     #[error("cluster_gather: {0}")]
     ClusterDiverged(String),
 }
@@ -112,6 +120,9 @@ pub enum InterpError {
 /// kernel with `cluster_gather` run cluster by cluster, the blocks of each cluster
 /// concurrently (`cluster.rs`); other kernels run block by block.
 pub fn run(func: &Function, grid: [u32; 3], args: &mut [ArgValue]) -> Result<(), InterpError> {
+    if !crate::target::grid_in_limits(grid) {
+        return Err(InterpError::GridTooLarge { grid });
+    }
     let scalars = check_args(func, args)?;
     if grid.contains(&0) {
         return Ok(());

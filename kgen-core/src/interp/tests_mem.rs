@@ -656,6 +656,23 @@ fn argument_errors() {
     let mut a = good();
     assert_eq!(run(&func, [4, 0, 1], &mut a), Ok(()));
     assert!((0..8).all(|i| is_poison(ht(&a[1]), i)));
+    // a grid the GPU would refuse is refused before anything runs (it would run for
+    // hours), each axis at its own limit
+    for grid in [[1 << 31, 1, 1], [1, 65536, 1], [1, 1, 65536], [u32::MAX; 3]] {
+        let mut a = good();
+        assert_eq!(
+            run(&func, grid, &mut a),
+            Err(InterpError::GridTooLarge { grid })
+        );
+        assert!((0..8).all(|i| is_poison(ht(&a[1]), i)));
+    }
+    let e = InterpError::GridTooLarge {
+        grid: [1, 70000, 1],
+    };
+    assert_eq!(
+        e.to_string(),
+        "grid [1, 70000, 1] exceeds the limits of a launch (2147483647, 65535, 65535 blocks along axes 0, 1, 2)"
+    );
     // zero-extent tensors are fine (nothing is in bounds)
     let mut a = vec![
         tensor(d, &[0], &[]),

@@ -206,30 +206,10 @@ pub(crate) fn scalar_data(dtype: DType, s: Scalar, n: usize) -> Data {
     one.repeat(0, n)
 }
 
-/// Rounds an f64 to `dtype` (f16/bf16/f32) with one rounding, as an f32.
-///
-/// (`half`'s own `from_f64` drops the low 32 mantissa bits before rounding, which can
-/// misround values just above a tie; going through a round-to-odd f32 is exact.)
+/// Rounds an f64 to `dtype` (f16/bf16/f32) with one rounding, as an f32
+/// ([`crate::round`]: `half`'s own `from_f64` can round twice).
 pub(crate) fn round_f64(dtype: DType, v: f64) -> f32 {
-    match dtype {
-        DType::F16 => f16::from_f32(f64_to_f32_odd(v)).to_f32(),
-        DType::BF16 => bf16::from_f32(f64_to_f32_odd(v)).to_f32(),
-        _ => v as f32,
-    }
-}
-
-/// f64 → f32 rounding to odd: exact values stay, others truncate toward zero and set the
-/// last bit. A later rounding to ≤ 22 significant bits is then a correct single rounding.
-fn f64_to_f32_odd(v: f64) -> f32 {
-    let r = v as f32;
-    if r as f64 == v || !r.is_finite() {
-        return r;
-    }
-    let mut bits = r.to_bits();
-    if (r as f64).abs() > v.abs() {
-        bits -= 1; // one step toward zero (r ≠ 0 here since |r| > |v| ≥ 0)
-    }
-    f32::from_bits(bits | 1)
+    crate::round::round_f64(dtype, v) as f32
 }
 
 /// Rounds f32 values in place to f16/bf16 (no-op for other dtypes).
