@@ -25,7 +25,7 @@ fn softmax<T: Float = f32, const BLOCK: i32 = 1024, const ONE_TILE: bool = false
     let ntiles = cdiv(cols, BLOCK);
     if ONE_TILE || ntiles == 1 {
         let xt = load(x, [row, 0], [1, BLOCK], pad = -inf).reshape([BLOCK]) as f32;
-        let mx = max(xt, 0);
+        let mx = max(xt, axis = 0);
         let e = exp(xt - mx);
         let inv = fdiv(1.0, sum(e, 0));
         store(y, [row, 0], (e * inv).reshape([1, BLOCK]) as T);
@@ -34,7 +34,7 @@ fn softmax<T: Float = f32, const BLOCK: i32 = 1024, const ONE_TILE: bool = false
         let mut s: f32 = 0.0;
         for k in 0..ntiles {
             let xt = load(x, [row, k], [1, BLOCK], pad = -inf).reshape([BLOCK]) as f32;
-            let m_new = max(m, max(xt, 0));
+            let m_new = max(m, max(xt, axis = 0));
             s = s * exp(m - m_new) + sum(exp(xt - m_new), 0);
             m = m_new;
         }
@@ -517,3 +517,4 @@ kernel barrier_copy<BLOCK: int = 512>(x: tensor<f32, 1, contiguous>, y: tensor<f
 fn barrier_matches_kg() {
     assert_macro_matches_kg(BARRIER_COPY_KG, barrier_copy::ptx, "bar.red.or.pred");
 }
+
