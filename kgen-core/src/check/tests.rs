@@ -393,7 +393,7 @@ fn math_casts_and_select() {
 fn reductions_and_min_max_forms() {
     let f = lower(&k("let t = load(m, [i, 0], [4, 8]);
          let a = sum(t, 1);
-         let b = t.max(0);
+         let b = t.max(axis = 0);
          let c = min(t, axis = 1);
          let d = argmax(t, 1);
          let e = argmin(sum(t, 0), 0);
@@ -665,7 +665,7 @@ fn shadowing_and_value_names() {
 #[test]
 fn method_syntax_is_a_call() {
     let f = lower(&k(
-        "let t = load(m, [i, 0], [2, 8]); let s = t.sum(1).max(0); let d = m.shape(0);",
+        "let t = load(m, [i, 0], [2, 8]); let s = t.sum(1).max(axis = 0); let d = m.shape(0);",
     ));
     assert_eq!(count(&f, |o| matches!(o, Op::Reduce { .. })), 2);
     assert_eq!(count(&f, |o| matches!(o, Op::TensorDim { .. })), 1);
