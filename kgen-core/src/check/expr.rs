@@ -5,9 +5,10 @@
 //! Guarantees: every `Ev::Value` returned is a valid IR value; binary IR ops get
 //! operands of identical type (via `unify`); operators over constants are folded
 //! (`consteval`), so `BLOCK / 2` stays a constant usable in shapes, and so are
-//! operators over typed constants (`EPS * 2.0` is a typed constant); `**` is `pow`. Comparisons give
-//! `bool`; `&& || !` need `bool`; bitwise operators and shifts need integers (`!` also
-//! takes integers: bitwise not); arithmetic needs numbers (`%` on floats is fmod).
+//! operators over typed constants (`EPS * 2.0` is a typed constant); `**` is `pow`.
+//! Comparisons give `bool`; `&& || !` need `bool`; bitwise operators and shifts need
+//! integers (`!` also takes integers: bitwise not); arithmetic needs numbers (`%` on
+//! floats is fmod).
 
 use super::scope::closest;
 use super::{Binding, Checker, Ev};

@@ -4,8 +4,9 @@
 //!
 //! Assumes: `scopes[0]` is empty on entry; it receives the generics, then the parameters.
 //! Guarantees: `Specialization::consts` lists the generics in declaration order with
-//! values of their declared kind (a float value rounded to its dtype); tensor alignments are powers of two between the element
-//! size and 16 (the element size for non-contiguous tensors); scalar parameters are bound
+//! values of their declared kind (a float value rounded to its dtype); tensor alignments
+//! are powers of two between the element size and 16 (the element size for
+//! non-contiguous tensors); scalar parameters are bound
 //! to `ScalarParam` values emitted at the top of the body, in source order. A rejected
 //! generic or parameter is remembered in `poisoned`, so its uses are not reported again.
 

@@ -699,11 +699,25 @@ fn bundled_user_and_documented_kernels_check() {
     }
     assert!(srcs.len() >= 15, "found only {} programs", srcs.len());
     for (name, text) in srcs {
+        // An example of an error (`// error: E0206` first) must give that error.
+        let expected = text
+            .trim_start()
+            .strip_prefix("// error: ")
+            .and_then(|r| r.split_whitespace().next())
+            .map(str::to_string);
         let file = SourceFile::new(name.clone(), text);
         let m = front::parse(&file).unwrap_or_else(|d| panic!("{name}: {}", d.render(&file)));
         for kern in &m.kernels {
             let opts = CompileOptions::new(Arch::Sm80).kernel(&kern.name.name);
-            match super::lower_kernel(&m, &opts) {
+            let result = super::lower_kernel(&m, &opts);
+            if let Some(code) = &expected {
+                match result {
+                    Err(d) => assert!(d.0.iter().any(|x| x.code.code() == code), "{name}: {d:?}"),
+                    Ok(_) => panic!("{name}: compiled, but it should give {code}"),
+                }
+                continue;
+            }
+            match result {
                 Ok((f, _)) => {
                     if let Err(d) = crate::valid::validate(&f) {
                         panic!("{name}: invalid IR\n{}\n{f}", d.render(&file));

@@ -15,8 +15,8 @@ fn horner(c: &[f32], x: f32) -> f32 {
 /// `ex2_error` (1 + the relative error the hardware's `ex2.approx` may add).
 fn gpu_erf(x: f32, ex2_error: f64) -> f32 {
     let a = x.abs();
-    // setp.ltu: true for NaN too.
-    let small = !(a >= ERF_SPLIT);
+    // setp.ltu: "less than, or unordered", true for NaN too.
+    let small = a < ERF_SPLIT || a.is_nan();
     let near = x.mul_add(horner(&ERF_SMALL, x * x), x);
     let q = horner(&ERF_LARGE, a.min(ERF_CLAMP));
     let erfc = ((q as f64).exp2() * ex2_error) as f32;
