@@ -59,6 +59,7 @@ fn malformed_programs_render_located_diagnostics() {
         ErrorCode::Redefinition,
         ErrorCode::UnknownFunction,
         ErrorCode::BadArguments,
+        ErrorCode::AmbiguousCall,
         ErrorCode::TypeMismatch,
         ErrorCode::WrongKind,
         ErrorCode::ImmutableAssign,
@@ -142,7 +143,7 @@ fn bad_min_blocks_per_sm_is_reported() {
 fn cluster_gather_needs_sm90a_and_a_whole_number_of_clusters() {
     let file = SourceFile::new(
         "cluster.kg",
-        "kernel k(x: tensor<f32, 1>, y: tensor<f32, 1>) {\n    let m = max(load(x, [bid(0)], [256]), 0);\n    let all = cluster_gather(m, 4);\n    store(y, [bid(0)], full([1], max(all, 0)));\n}\n",
+        "kernel k(x: tensor<f32, 1>, y: tensor<f32, 1>) {\n    let m = max(load(x, [bid(0)], [256]), axis = 0);\n    let all = cluster_gather(m, 4);\n    store(y, [bid(0)], full([1], max(all, axis = 0)));\n}\n",
     );
     // sm_80 has no thread-block clusters: an Unsupported diagnostic at the gather.
     let err = compile(&file, &CompileOptions::new(Arch::Sm80)).unwrap_err();

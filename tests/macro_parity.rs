@@ -25,7 +25,7 @@ fn softmax<T: Float = f32, const BLOCK: i32 = 1024, const ONE_TILE: bool = false
     let ntiles = cdiv(cols, BLOCK);
     if ONE_TILE || ntiles == 1 {
         let xt = load(x, [row, 0], [1, BLOCK], pad = -inf).reshape([BLOCK]) as f32;
-        let mx = max(xt, 0);
+        let mx = max(xt, axis = 0);
         let e = exp(xt - mx);
         let inv = fdiv(1.0, sum(e, 0));
         store(y, [row, 0], (e * inv).reshape([1, BLOCK]) as T);
@@ -34,7 +34,7 @@ fn softmax<T: Float = f32, const BLOCK: i32 = 1024, const ONE_TILE: bool = false
         let mut s: f32 = 0.0;
         for k in 0..ntiles {
             let xt = load(x, [row, k], [1, BLOCK], pad = -inf).reshape([BLOCK]) as f32;
-            let m_new = max(m, max(xt, 0));
+            let m_new = max(m, max(xt, axis = 0));
             s = s * exp(m - m_new) + sum(exp(xt - m_new), 0);
             m = m_new;
         }
@@ -516,4 +516,62 @@ kernel barrier_copy<BLOCK: int = 512>(x: tensor<f32, 1, contiguous>, y: tensor<f
 #[test]
 fn barrier_matches_kg() {
     assert_macro_matches_kg(BARRIER_COPY_KG, barrier_copy::ptx, "bar.red.or.pred");
+}
+
+/// The issue-21 language features in both front ends: a compile-time float value
+/// (`const EPS: f32`), `x.dtype`, `lowest`/`highest`, `item`, `erf`, `pow` (Rust has no
+/// `**`: the `.kg` text below writes it, and both give `pow`), `maximum`/`minimum`,
+/// `arange(n)` and reductions without an axis.
+#[kgen::kernel]
+fn port_features<const EPS: f32 = 1e-5, const BLOCK: i32 = 256>(
+    x: Tensor<f32, 1, Contiguous>,
+    xi: Tensor<i32, 1, Contiguous>,
+    y: Tensor<f32, 1, Contiguous>,
+    yi: Tensor<i32, 1, Contiguous>,
+) {
+    let i = bid(0);
+    let v = load(x, [i], [BLOCK], pad = lowest(f32));
+    let g = 0.5 * v * (1.0 + erf(v * 0.70710677));
+    let m = item(load(x, [0], [1])) + max(v) + sum(maximum(v, 0)) + EPS;
+    let c = cast(pow(v, 2) + minimum(v, 1.0), x.dtype);
+    store(y, [i], g + c + m);
+    let t = load(xi, [i], [BLOCK]);
+    store(
+        yi,
+        [i],
+        maximum(pow(t, 3), 0) + arange(BLOCK) + argmax(v) + (highest(i32) - highest(i32)),
+    );
+}
+
+const PORT_FEATURES_KG: &str = "
+kernel port_features<EPS: f32 = 1e-5, BLOCK: int = 256>(x: tensor<f32, 1, contiguous>, xi: tensor<i32, 1, contiguous>, y: tensor<f32, 1, contiguous>, yi: tensor<i32, 1, contiguous>) {
+    let i = bid(0);
+    let v = load(x, [i], [BLOCK], pad = lowest(f32));
+    let g = 0.5 * v * (1.0 + erf(v * 0.70710677));
+    let m = item(load(x, [0], [1])) + max(v) + sum(maximum(v, 0)) + EPS;
+    let c = cast(v ** 2 + minimum(v, 1.0), x.dtype);
+    store(y, [i], g + c + m);
+    let t = load(xi, [i], [BLOCK]);
+    store(yi, [i], maximum(t ** 3, 0) + arange(BLOCK) + argmax(v) + (highest(i32) - highest(i32)));
+}
+";
+
+#[test]
+fn port_features_match_kg() {
+    assert_macro_matches_kg(PORT_FEATURES_KG, port_features::ptx, "ex2.approx.ftz.f32");
+    // `-D EPS=...` reaches the macro's kernel too, with the same entry name.
+    for arch in Arch::ALL {
+        let file = SourceFile::new("inline.kg", PORT_FEATURES_KG);
+        let opts = port_features::options(arch).define("EPS", "2.5e-4");
+        let kg = compile(&file, &opts).expect("compiles");
+        let m = port_features::compile(&opts).expect("compiles");
+        assert_eq!(m.entry, kg.entry);
+        assert!(
+            m.entry
+                .starts_with("port_features__EPS_0p00025__BLOCK_256__"),
+            "{}",
+            m.entry
+        );
+        assert_eq!(m.ptx, kg.ptx);
+    }
 }

@@ -69,3 +69,43 @@ fn bundled_kernels_ir_snapshots() {
         insta::assert_snapshot!(format!("ir_{stem}"), func.to_string());
     }
 }
+
+/// The language cases' kernels (`src/cases/lang.kg`: erf, powers, maximum, typed
+/// constants, ...), with every case's specialization, assemble for both targets with
+/// zero spills and zero stack.
+#[test]
+fn language_case_kernels_assemble() {
+    let ptxas = common::ptxas();
+    let mut seen = std::collections::HashSet::new();
+    let mut failures = Vec::new();
+    for case in kgen::cases::all_cases(1, kgen::cases::SizeSet::Full) {
+        if case.kernel != "lang" {
+            continue;
+        }
+        let file = case.source();
+        for arch in Arch::ALL {
+            let opts = case.compile_options(arch);
+            let k = match compile(&file, &opts) {
+                Ok(k) => k,
+                Err(d) => {
+                    failures.push(format!("{}: {}", case.label, d.render(&file)));
+                    continue;
+                }
+            };
+            if !seen.insert((k.entry.clone(), arch)) {
+                continue;
+            }
+            if let Some(ptxas) = &ptxas {
+                match common::assemble(ptxas, &k.ptx, arch.name(), &k.entry) {
+                    Ok(r) if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 => {
+                        failures.push(format!("{} {arch}: local memory used:\n{}", k.entry, r.raw))
+                    }
+                    Ok(_) => {}
+                    Err(e) => failures.push(format!("{} {arch}: ptxas rejected it:\n{e}", k.entry)),
+                }
+            }
+        }
+    }
+    assert!(seen.len() >= 20, "only {} specializations", seen.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

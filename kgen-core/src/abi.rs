@@ -12,6 +12,22 @@ pub enum ConstArg {
     Int(i64),
     Bool(bool),
     DType(DType),
+    /// A value of a float dtype (`EPS: f32 = 1e-5`): the dtype and the bits of the value
+    /// as an f32 (exact for f16 and bf16 values, which it was rounded to; NaN is the
+    /// canonical quiet NaN).
+    Float(DType, u32),
+}
+
+impl ConstArg {
+    /// A float generic's value, rounded to `dtype` (f16, bf16 or f32).
+    pub fn float(dtype: DType, v: f64) -> ConstArg {
+        let x = match crate::host::scalar_from_f64(dtype, v) {
+            crate::types::Scalar::Float(x, _) => x as f32,
+            _ => v as f32,
+        };
+        let x = if x.is_nan() { f32::NAN } else { x };
+        ConstArg::Float(dtype, x.to_bits())
+    }
 }
 
 impl fmt::Display for ConstArg {
@@ -20,6 +36,8 @@ impl fmt::Display for ConstArg {
             ConstArg::Int(v) => write!(f, "{v}"),
             ConstArg::Bool(b) => write!(f, "{b}"),
             ConstArg::DType(d) => write!(f, "{d}"),
+            // The shortest text that reads back to the same f32: `1e-5`, `0.5`, `inf`.
+            ConstArg::Float(_, bits) => write!(f, "{:?}", f32::from_bits(*bits)),
         }
     }
 }
@@ -46,12 +64,21 @@ impl Specialization {
     /// The PTX entry name: the kernel name followed by each compile-time value, then the
     /// warp count, the blocks-per-SM bound if any (`__b2`) and any alignment below 16
     /// bytes, e.g.
-    /// `rmsnorm__T_bf16__BLOCK_1024__w4` or `vec_add__T_f32__w4__x_a4`.
+    /// `rmsnorm__T_bf16__BLOCK_1024__w4` or `vec_add__T_f32__w4__x_a4`. Negative
+    /// integers are spelled `m5`; a float value its shortest decimal with `-` as `m` and
+    /// `.` as `p` (`EPS = 1e-5` is `__EPS_1em5`), so every name is a PTX identifier.
     pub fn entry_name(&self) -> String {
         let mut s = self.kernel.clone();
         for (name, value) in &self.consts {
             let v = match value {
                 ConstArg::Int(i) if *i < 0 => format!("m{}", i.unsigned_abs()),
+                // `1e-5` → `1em5`, `-0.5` → `m0p5`, `NaN` → `NaN`: one-to-one, since `m` and
+                // `p` appear in no float's text.
+                ConstArg::Float(..) => value
+                    .to_string()
+                    .replace('-', "m")
+                    .replace('.', "p")
+                    .replace('+', ""),
                 other => other.to_string(),
             };
             s.push_str(&format!("__{name}_{v}"));

@@ -27,6 +27,9 @@ pub enum ErrorCode {
     UnknownFunction,
     /// Wrong number or names of arguments.
     BadArguments,
+    /// A call whose arguments could mean two different operations (`max(t, 0)`: a
+    /// reduction along axis 0, or the element-wise maximum with 0).
+    AmbiguousCall,
     /// Operand dtypes that do not fit the operation.
     TypeMismatch,
     /// An expression used as the wrong kind of thing (e.g. a dtype where a value is needed).
@@ -74,6 +77,7 @@ impl ErrorCode {
             UnknownFunction => "E0203",
             BadArguments => "E0204",
             NoSuchKernel => "E0205",
+            AmbiguousCall => "E0206",
             TypeMismatch => "E0301",
             WrongKind => "E0302",
             ImmutableAssign => "E0303",

@@ -175,10 +175,20 @@ impl Lower {
                         GenericKind::Int
                     }
                     Some(n) if n == "bool" => GenericKind::Bool,
-                    _ => {
+                    Some(n) => match kgen_core::DType::from_name(&n) {
+                        Some(d) if d.is_float() => GenericKind::FloatValue(d),
+                        _ => {
+                            self.err(
+                                &cp.ty,
+                                "a const generic must have type `i32` (any integer type), `bool`, or a float dtype (`f32`, `f16`, `bf16`)",
+                            );
+                            return None;
+                        }
+                    },
+                    None => {
                         self.err(
                             &cp.ty,
-                            "a const generic must have type `i32` (any integer type) or `bool`",
+                            "a const generic must have type `i32` (any integer type), `bool`, or a float dtype (`f32`, `f16`, `bf16`)",
                         );
                         return None;
                     }
@@ -613,6 +623,17 @@ impl Lower {
                 }
             }
             syn::Expr::Binary(b) => {
+                // `a ** b` is `a * (*b)` to Rust: the `.kg` power operator has no Rust
+                // spelling (and would bind differently), so it is refused.
+                if let (syn::BinOp::Mul(_), syn::Expr::Unary(u)) = (&b.op, &*b.right) {
+                    if let syn::UnOp::Deref(_) = u.op {
+                        self.err(
+                            e,
+                            "Rust has no power operator: `a ** b` reads as `a * (*b)`; write `pow(a, b)`",
+                        );
+                        return bad(span);
+                    }
+                }
                 let Some(op) = bin_op(&b.op) else {
                     self.err(
                         &b.op,
@@ -656,6 +677,28 @@ impl Lower {
                     func,
                     args,
                     method_syntax: false,
+                }
+            }
+            // `x.dtype`, the one property: the call `dtype(x)`, as in `.kg`.
+            syn::Expr::Field(f) => {
+                let syn::Member::Named(name) = &f.member else {
+                    self.err(&f.member, "tuple fields are not supported in a kernel");
+                    return bad(span);
+                };
+                if name != "dtype" {
+                    self.err(
+                        &f.member,
+                        format!("`.{name}` is not a property: the only property is `.dtype`; call a function as a method with arguments: `.{name}(...)`"),
+                    );
+                    return bad(span);
+                }
+                ExprKind::Call {
+                    func: self.ident(name),
+                    args: vec![ast::Arg {
+                        name: None,
+                        value: self.expr(&f.base),
+                    }],
+                    method_syntax: true,
                 }
             }
             syn::Expr::MethodCall(m) => {

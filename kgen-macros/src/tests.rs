@@ -83,11 +83,13 @@ fn unsupported_syntax_is_reported_not_panicked() {
             let e = foo::bar(1);
             let [p, q] = [1, 2];
             x = 1;
+            let f = a ** 2.0;
             return;
         }
     });
     for msg in [
-        "field access is not supported",
+        "`.field` is not a property: the only property is `.dtype`",
+        "Rust has no power operator",
         "tuples are not supported",
         "references are not supported",
         "integer literal too large",

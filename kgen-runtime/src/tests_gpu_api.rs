@@ -564,9 +564,9 @@ kernel row_max(x: tensor<f32, 2, contiguous>, y: tensor<f32, 1, contiguous>) {
     let row = bid(0) / 4;
     let part = bid(0) % 4;
     let t = load(x, [row, part], [1, 256], pad = -inf);
-    let all = cluster_gather(max(t.reshape([256]), 0), 4);
+    let all = cluster_gather(max(t.reshape([256]), axis = 0), 4);
     if part == 0 {
-        store(y, [row], full([1], max(all, 0)));
+        store(y, [row], full([1], max(all, axis = 0)));
     }
 }
 ";

@@ -19,6 +19,7 @@ pub mod adamw;
 pub mod compare;
 pub mod cross_entropy;
 pub mod gemm;
+pub mod lang;
 pub mod layernorm;
 pub mod matmul;
 pub mod norm_bwd;
@@ -92,7 +93,8 @@ pub type Reference = Box<dyn Fn(&[ArgValue]) -> Vec<Vec<f64>> + Send + Sync>;
 
 /// One run of one kernel specialization on one set of inputs.
 pub struct Case {
-    /// The kernel file stem in `kernels-src/` (`rmsnorm` for `kernels-src/rmsnorm.kg`).
+    /// The kernel file stem in `kernels-src/` (`rmsnorm` for `kernels-src/rmsnorm.kg`), or
+    /// `lang` for `src/cases/lang.kg` (the language's own builtins).
     pub kernel: &'static str,
     /// The kernel to compile when the file holds several (`Some("sumsq_finalize")` in
     /// `sumsq.kg`); `None` takes the first. Pass it as `CompileOptions::kernel`
@@ -118,11 +120,12 @@ pub struct Case {
 }
 
 impl Case {
-    /// The kernel file's source, named `kernels-src/<stem>.kg`.
+    /// The kernel file's source, named `kernels-src/<stem>.kg` (`src/cases/lang.kg` for
+    /// the language cases).
     pub fn source(&self) -> SourceFile {
         let text = kernel_source(self.kernel)
-            .unwrap_or_else(|| panic!("no bundled kernel file `{}`", self.kernel));
-        SourceFile::new(format!("kernels-src/{}.kg", self.kernel), text)
+            .unwrap_or_else(|| panic!("no kernel file `{}`", self.kernel));
+        SourceFile::new(sources::kernel_file_name(self.kernel), text)
     }
 
     /// Compile options for this case: kernel name, defines and tensor alignments.
@@ -172,6 +175,7 @@ pub fn all_cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     v.extend(optim::cases(seed, sizes));
     v.extend(matmul::cases(seed, sizes));
     v.extend(gemm::cases(seed, sizes));
+    v.extend(lang::cases(seed, sizes));
     v
 }
 

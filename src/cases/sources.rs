@@ -1,9 +1,20 @@
 //! Which kernels the bundled files hold (the texts themselves are embedded by
-//! `crate::bundled`).
+//! `crate::bundled`), and where a case's kernel text comes from.
 
-/// The source text of `kernels-src/<stem>.kg`.
+/// The source text of `kernels-src/<stem>.kg`, or of `src/cases/lang.kg` for `lang`.
 pub fn kernel_source(stem: &str) -> Option<&'static str> {
-    crate::bundled::source(stem)
+    match stem {
+        "lang" => Some(super::lang::SOURCE),
+        _ => crate::bundled::source(stem),
+    }
+}
+
+/// The file a case's kernel comes from, for messages.
+pub fn kernel_file_name(stem: &str) -> String {
+    match stem {
+        "lang" => "src/cases/lang.kg".to_string(),
+        _ => format!("kernels-src/{stem}.kg"),
+    }
 }
 
 /// Every kernel in every bundled file with cases here: (file stem, kernel name). Files

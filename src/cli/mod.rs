@@ -70,7 +70,7 @@ enum Command {
 /// What to compile: the specialization options shared by every subcommand.
 #[derive(Args, Debug, Clone)]
 struct SpecArgs {
-    /// A compile-time parameter value (an integer, true/false or a dtype); repeatable.
+    /// A compile-time parameter value (an integer, a float such as 1e-5, true/false or a dtype); repeatable.
     /// Parameters not given take their defaults.
     #[arg(short = 'D', long = "define", value_name = "NAME=VALUE", value_parser = common::parse_define)]
     defines: Vec<(String, String)>,

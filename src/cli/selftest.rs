@@ -16,18 +16,20 @@ use std::time::Instant;
 pub const DEFAULT_SEED: u64 = 0x6b67_656e;
 
 /// The source of `kernels-src/<stem>.kg`: from `$KGEN_KERNELS_DIR` when set (to test
-/// edited kernels without rebuilding), else the copy embedded at build time.
+/// edited kernels without rebuilding), else the copy embedded at build time
+/// (`src/cases/lang.kg` for the language cases).
 fn kernel_source(stem: &str) -> Result<SourceFile, String> {
-    let name = format!("kernels-src/{stem}.kg");
-    if let Some(dir) = std::env::var_os("KGEN_KERNELS_DIR") {
+    let bundled = kgen::bundled::source(stem).is_some();
+    if let (Some(dir), true) = (std::env::var_os("KGEN_KERNELS_DIR"), bundled) {
         let path = std::path::Path::new(&dir).join(format!("{stem}.kg"));
         let text = std::fs::read_to_string(&path)
             .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
         return Ok(SourceFile::new(path.display().to_string(), text));
     }
-    kgen::bundled::source(stem)
+    let name = kgen::cases::sources::kernel_file_name(stem);
+    kgen::cases::kernel_source(stem)
         .map(|t| SourceFile::new(name.clone(), t))
-        .ok_or_else(|| format!("no bundled kernel file `{name}`"))
+        .ok_or_else(|| format!("no kernel file `{name}`"))
 }
 
 struct Compiled {

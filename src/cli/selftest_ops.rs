@@ -36,7 +36,7 @@ fn softmax_rows<const BLOCK: i32 = 256>(
     let mut s: f32 = 0.0;
     for k in 0..cdiv(cols, BLOCK) {
         let t = load(x, [row, k], [1, BLOCK], pad = -f32::INFINITY);
-        let m_new = max(m, max(t.reshape([BLOCK]), 0));
+        let m_new = max(m, max(t.reshape([BLOCK]), axis = 0));
         s = s * exp(m - m_new) + sum(exp(t.reshape([BLOCK]) - m_new), 0);
         m = m_new;
     }

@@ -1,7 +1,8 @@
 //! Built-in functions: one table of names and signatures, argument matching (positional
-//! and keyword), and the value builtins (indexing and creation, math, casts,
-//! element-wise `min`/`max`/`where`/`fma`/`pow`). Shape builtins and reductions are in
-//! `shapes.rs`, memory access and `dot` in `memory.rs`.
+//! and keyword), the ambiguous `max(t, 0)` refused, and the value builtins (indexing and
+//! creation, casts, `cluster_gather`). Math is in `math.rs`, `dtype`/`lowest`/`highest`
+//! in `consteval.rs`, shape builtins, reductions and `item` in `shapes.rs`, memory
+//! access and `dot` in `memory.rs`.
 //!
 //! Assumes: calls arrive with unevaluated arguments (method syntax already desugared to
 //! a call whose first argument is the receiver).
@@ -13,7 +14,7 @@
 use super::{Checker, Ev};
 use crate::diag::{Diagnostic, ErrorCode};
 use crate::front::ast;
-use crate::ir::{BinaryOp, Eviction, Op, ReduceOp, UnaryOp};
+use crate::ir::{Eviction, Op, ReduceOp};
 use crate::span::Span;
 use crate::types::{DType, Shape, ValueType, MAX_CLUSTER_SIZE, MAX_TILE_ELEMENTS};
 
@@ -42,12 +43,13 @@ const fn b(
     }
 }
 
-/// Every builtin function. `min`/`max` take either two values (element-wise) or a tile
-/// and an axis (`max(t, 1)`, `max(t, axis = 1)`: a reduction).
+/// Every builtin function. `min`/`max` take either two values (element-wise), or a tile
+/// and a keyword axis (`max(t, axis = 1)`: a reduction), or a tile alone (a reduction
+/// over every element); `maximum`/`minimum` are always element-wise.
 const BUILTINS: &[Builtin] = &[
     b("bid", &["axis"], 1, &[]),
     b("num_bids", &["axis"], 1, &[]),
-    b("arange", &["start", "end"], 2, &[]),
+    b("arange", &["start", "end"], 1, &[]),
     b("zeros", &["shape", "dtype"], 2, &[]),
     b("full", &["shape", "value", "dtype"], 2, &[]),
     b("shape", &["tensor", "dim"], 2, &[]),
@@ -66,21 +68,28 @@ const BUILTINS: &[Builtin] = &[
     b("floor", &["x"], 1, &[]),
     b("ceil", &["x"], 1, &[]),
     b("abs", &["x"], 1, &[]),
-    b("min", &["a", "b"], 2, &["axis"]),
-    b("max", &["a", "b"], 2, &["axis"]),
+    b("erf", &["x"], 1, &[]),
+    b("min", &["a", "b"], 1, &["axis"]),
+    b("max", &["a", "b"], 1, &["axis"]),
+    b("minimum", &["a", "b"], 2, &[]),
+    b("maximum", &["a", "b"], 2, &[]),
     b("fma", &["a", "b", "c"], 3, &[]),
     b("pow", &["a", "b"], 2, &[]),
     b("fdiv", &["a", "b"], 2, &[]),
     b("where", &["cond", "a", "b"], 3, &[]),
     b("cast", &["x", "dtype"], 2, &[]),
+    b("dtype", &["x"], 1, &[]),
+    b("lowest", &["dtype"], 1, &[]),
+    b("highest", &["dtype"], 1, &[]),
+    b("item", &["x"], 1, &[]),
     b("reshape", &["x", "shape"], 2, &[]),
     b("expand_dims", &["x", "axis"], 2, &[]),
     b("broadcast", &["x", "shape"], 2, &[]),
     b("transpose", &["x"], 1, &[]),
     b("permute", &["x", "perm"], 2, &[]),
-    b("sum", &["x", "axis"], 2, &[]),
-    b("argmax", &["x", "axis"], 2, &[]),
-    b("argmin", &["x", "axis"], 2, &[]),
+    b("sum", &["x", "axis"], 1, &[]),
+    b("argmax", &["x", "axis"], 1, &[]),
+    b("argmin", &["x", "axis"], 1, &[]),
     b(
         "load",
         &["tensor", "index", "shape"],
@@ -171,7 +180,13 @@ impl Args {
 }
 
 impl Checker<'_> {
-    pub(crate) fn call(&mut self, func: &ast::Ident, args: &[ast::Arg], span: Span) -> Ev {
+    pub(crate) fn call(
+        &mut self,
+        func: &ast::Ident,
+        args: &[ast::Arg],
+        method_syntax: bool,
+        span: Span,
+    ) -> Ev {
         let name = func.name.as_str();
         let Some(sig) = BUILTINS.iter().find(|b| b.name == name) else {
             for a in args {
@@ -261,6 +276,12 @@ impl Checker<'_> {
                 if let Some(s) = super::scope::closest(&k.name, &owned) {
                     d = d.with_note(format!("help: did you mean `{s}`?"));
                 }
+                if k.name == "axis" && matches!(name, "maximum" | "minimum") {
+                    d = d.with_note(format!(
+                        "help: `{name}` is element-wise; for the reduction write `{}(x, axis = ...)`",
+                        &name[..3]
+                    ));
+                }
                 self.push(d);
                 ok = false;
             }
@@ -300,6 +321,13 @@ impl Checker<'_> {
         {
             return Ev::Poison;
         }
+        if matches!(name, "min" | "max") && !reduction_kw {
+            if let [(x, _), (Ev::Int(k), ks)] = pos.as_slice() {
+                if let Some(ValueType::Tile(..)) = self.ev_type(x) {
+                    return self.ambiguous_min_max(name, args, method_syntax, *k, *ks, span);
+                }
+            }
+        }
         let a = Args {
             pos,
             kw,
@@ -307,6 +335,65 @@ impl Checker<'_> {
             span,
         };
         self.builtin(name, &a, span)
+    }
+
+    /// `max(t, k)` / `min(t, k)` with a tile `t` and an integer constant `k` (a literal, a
+    /// `let` constant, an `int` generic): the reduction along axis `k`, or the element-wise
+    /// maximum with `k`? An error whose help spells both.
+    fn ambiguous_min_max(
+        &mut self,
+        name: &str,
+        args: &[ast::Arg],
+        method_syntax: bool,
+        k: i128,
+        kspan: Span,
+        span: Span,
+    ) -> Ev {
+        let tile = args.first().map_or("t".to_string(), |a| {
+            crate::front::print::print_expr(&a.value)
+        });
+        let kt = args
+            .get(1)
+            .map_or(k.to_string(), |a| crate::front::print::print_expr(&a.value));
+        let (reduce, elementwise) = if method_syntax {
+            let recv = if args.first().is_some_and(|a| {
+                matches!(
+                    a.value.kind,
+                    ast::ExprKind::Binary { .. }
+                        | ast::ExprKind::Unary { .. }
+                        | ast::ExprKind::Cast { .. }
+                )
+            }) {
+                format!("({tile})")
+            } else {
+                tile.clone()
+            };
+            (
+                format!("{recv}.{name}(axis = {kt})"),
+                format!("{recv}.{name}imum({kt})"),
+            )
+        } else {
+            (
+                format!("{name}({tile}, axis = {kt})"),
+                format!("{name}imum({tile}, {kt})"),
+            )
+        };
+        let what = if name == "max" { "maximum" } else { "minimum" };
+        self.push(
+            Diagnostic::error(
+                ErrorCode::AmbiguousCall,
+                span,
+                format!(
+                    "`{name}` of a tile and the integer constant {k} is ambiguous: a reduction along axis {k}, or the element-wise {what} with {k}"
+                ),
+            )
+            .with_label_message("ambiguous")
+            .with_secondary(kspan, "an axis, or a value?")
+            .with_note(format!("help: for the reduction along axis {k}, write `{reduce}`"))
+            .with_note(format!(
+                "help: for the element-wise {what} with {k}, write `{elementwise}` (the constant takes the tile's dtype)"
+            )),
+        )
     }
 
     /// The policy an `eviction_policy = ...` argument names: one of the names of
@@ -367,8 +454,11 @@ impl Checker<'_> {
             "shape" | "stride" => self.tensor_extent(name, a, span),
             "cdiv" => self.cdiv(a, span),
             "exp" | "exp2" | "log" | "log2" | "sqrt" | "rsqrt" | "tanh" | "sigmoid" | "sin"
-            | "cos" | "floor" | "ceil" | "abs" => self.math(name, a, span),
-            "min" | "max" => self.min_max(name, a, span),
+            | "cos" | "floor" | "ceil" | "abs" | "erf" => self.math(name, a, span),
+            "min" | "max" | "minimum" | "maximum" => self.min_max(name, a, span),
+            "dtype" => self.dtype_builtin(a),
+            "lowest" | "highest" => self.extreme(name, a, span),
+            "item" => self.item(a.p(0), span),
             "where" => self.select(a, span),
             "pow" | "fma" | "fdiv" => self.float_op(name, a, span),
             "cast" => {
@@ -382,9 +472,9 @@ impl Checker<'_> {
             "expand_dims" => self.expand_dims(a.p(0), a.p(1), span),
             "transpose" => self.permute(name, a.p(0), None, span),
             "permute" => self.permute(name, a.p(0), Some(a.p(1)), span),
-            "sum" => self.reduce(ReduceOp::Sum, a.p(0), a.p(1), span),
-            "argmax" => self.reduce(ReduceOp::ArgMax, a.p(0), a.p(1), span),
-            "argmin" => self.reduce(ReduceOp::ArgMin, a.p(0), a.p(1), span),
+            "sum" => self.reduce(ReduceOp::Sum, a.p(0), a.pos.get(1).cloned(), span),
+            "argmax" => self.reduce(ReduceOp::ArgMax, a.p(0), a.pos.get(1).cloned(), span),
+            "argmin" => self.reduce(ReduceOp::ArgMin, a.p(0), a.pos.get(1).cloned(), span),
             "load" => self.load(a, span),
             "store" => self.store(a, span),
             "gather" | "scatter" | "atomic_add" => self.indexed(name, a, span),
@@ -468,9 +558,7 @@ impl Checker<'_> {
                             format!("`cluster_gather` exchanges one scalar per block, found `{t}`"),
                         )
                         .with_label_message("this is a tile")
-                        .with_note(
-                            "help: reduce the tile first, e.g. `cluster_gather(max(t, 0), 8)`",
-                        ),
+                        .with_note("help: reduce the tile first, e.g. `cluster_gather(max(t), 8)`"),
                     )
                 }
             },
@@ -500,11 +588,16 @@ impl Checker<'_> {
         )
     }
 
+    /// `arange(start, end)`, and `arange(end)` = `arange(0, end)`.
     fn arange(&mut self, a: &Args, span: Span) -> Ev {
         let lo = i32::MIN as i64;
         let hi = i32::MAX as i64;
-        let s = self.const_int(&a.p(0), lo, hi, "arange start");
-        let e = self.const_int(&a.p(1), lo, hi, "arange end");
+        let (s, e) = if a.pos.len() == 1 {
+            (Some(0), self.const_int(&a.p(0), lo, hi, "arange end"))
+        } else {
+            let s = self.const_int(&a.p(0), lo, hi, "arange start");
+            (s, self.const_int(&a.p(1), lo, hi, "arange end"))
+        };
         let (Some(s), Some(e)) = (s, e) else {
             return Ev::Poison;
         };
@@ -517,7 +610,7 @@ impl Checker<'_> {
                         "arange({s}, {e}) must have between 1 and {MAX_TILE_ELEMENTS} elements"
                     ),
                 )
-                .with_note("`arange(start, end)` gives start, start + 1, ..., end - 1"),
+                .with_note("`arange(start, end)` gives start, start + 1, ..., end - 1; `arange(n)` gives 0, 1, ..., n - 1"),
             );
         }
         self.emit1(
@@ -613,261 +706,5 @@ impl Checker<'_> {
             ValueType::Scalar(DType::I32),
             span,
         )
-    }
-
-    /// `cdiv(a, b)` = `(a + b - 1) / b` on integers (folded for constants).
-    fn cdiv(&mut self, a: &Args, span: Span) -> Ev {
-        let (x, xs) = a.p(0);
-        let (y, ys) = a.p(1);
-        let x = self.expect_value(x, xs);
-        let y = self.expect_value(y, ys);
-        if let (Ev::Int(m), Ev::Int(n)) = (&x, &y) {
-            if *n == 0 {
-                return self.error(ErrorCode::ConstEval, span, "division by zero in `cdiv`");
-            }
-            let v = m
-                .checked_add(*n)
-                .and_then(|s| s.checked_sub(1))
-                .and_then(|s| s.checked_div(*n));
-            return self.checked_int(v, span, &format!("`cdiv({m}, {n})`"));
-        }
-        let Some((vals, ty)) = self.unify(&[(x, xs), (y, ys)], span, "`cdiv`") else {
-            return Ev::Poison;
-        };
-        if !ty.dtype().is_int() {
-            return self.push(
-                Diagnostic::error(
-                    ErrorCode::TypeMismatch,
-                    span,
-                    format!("`cdiv` needs integers, found `{}`", ty.dtype()),
-                )
-                .with_note("help: for floats, use `ceil(a / b)`"),
-            );
-        }
-        let (Some(&p), Some(&q)) = (vals.first(), vals.get(1)) else {
-            return Ev::Poison;
-        };
-        let Some(one) = self.coerce_to(&Ev::Int(1), &ty, span) else {
-            return Ev::Poison;
-        };
-        let Some(s) = self.emit_v(Op::Binary(BinaryOp::Add, p, q), ty.clone(), span) else {
-            return Ev::Poison;
-        };
-        let Some(s) = self.emit_v(Op::Binary(BinaryOp::Sub, s, one), ty.clone(), span) else {
-            return Ev::Poison;
-        };
-        self.emit1(Op::Binary(BinaryOp::Div, s, q), ty, span)
-    }
-
-    /// The one-argument math functions: floats only, except `abs` (any number).
-    fn math(&mut self, name: &str, a: &Args, span: Span) -> Ev {
-        let u = match name {
-            "exp" => UnaryOp::Exp,
-            "exp2" => UnaryOp::Exp2,
-            "log" => UnaryOp::Log,
-            "log2" => UnaryOp::Log2,
-            "sqrt" => UnaryOp::Sqrt,
-            "rsqrt" => UnaryOp::Rsqrt,
-            "tanh" => UnaryOp::Tanh,
-            "sigmoid" => UnaryOp::Sigmoid,
-            "sin" => UnaryOp::Sin,
-            "cos" => UnaryOp::Cos,
-            "floor" => UnaryOp::Floor,
-            "ceil" => UnaryOp::Ceil,
-            _ => UnaryOp::Abs,
-        };
-        let (x, xs) = a.p(0);
-        let x = match self.expect_value(x, xs) {
-            // A lone integer constant is a float argument here (`exp(1)`).
-            Ev::Int(i) if u != UnaryOp::Abs => Ev::Float(i as f64),
-            Ev::Int(i) if u == UnaryOp::Abs => {
-                return self.checked_int(i.checked_abs(), span, &format!("`abs({i})`"))
-            }
-            Ev::Float(f) if u == UnaryOp::Abs => return Ev::Float(f.abs()),
-            other => other,
-        };
-        let Some((vals, ty)) = self.unify(&[(x, xs)], span, &format!("`{name}`")) else {
-            return Ev::Poison;
-        };
-        let d = ty.dtype();
-        let ok = if u == UnaryOp::Abs {
-            d.is_int() || d.is_float()
-        } else {
-            d.is_float()
-        };
-        if !ok {
-            let need = if u == UnaryOp::Abs {
-                "a number"
-            } else {
-                "a float (f16, bf16 or f32)"
-            };
-            return self.push(
-                Diagnostic::error(
-                    ErrorCode::TypeMismatch,
-                    xs,
-                    format!("`{name}` needs {need}, found `{ty}`"),
-                )
-                .with_note(format!("help: cast first, e.g. `{name}(x as f32)`")),
-            );
-        }
-        let Some(&v) = vals.first() else {
-            return Ev::Poison;
-        };
-        self.emit1(Op::Unary(u, v), ty, span)
-    }
-
-    /// `min(a, b)` / `max(a, b)` element-wise (any numbers, broadcasting), or the
-    /// reduction `max(tile, axis)` when the second argument is an integer constant and
-    /// the first a tile, or the axis is given by keyword.
-    fn min_max(&mut self, name: &str, a: &Args, span: Span) -> Ev {
-        let is_tile = matches!(self.ev_type(&a.p(0).0), Some(ValueType::Tile(..)));
-        let axis = a.kw("axis").or_else(|| match a.pos.get(1) {
-            Some((Ev::Int(i), s)) if is_tile => Some((Ev::Int(*i), *s)),
-            _ => None,
-        });
-        if let Some(axis) = axis {
-            let op = if name == "max" {
-                ReduceOp::Max
-            } else {
-                ReduceOp::Min
-            };
-            return self.reduce(op, a.p(0), axis, span);
-        }
-        let (x, xs) = a.p(0);
-        let (y, ys) = a.p(1);
-        let x = self.expect_value(x, xs);
-        let y = self.expect_value(y, ys);
-        match (&x, &y) {
-            (Ev::Int(m), Ev::Int(n)) => {
-                return Ev::Int(if name == "max" { *m.max(n) } else { *m.min(n) })
-            }
-            (Ev::Float(_) | Ev::Int(_), Ev::Float(_) | Ev::Int(_)) => {
-                let f = |e: &Ev| match e {
-                    Ev::Float(v) => *v,
-                    Ev::Int(i) => *i as f64,
-                    _ => 0.0,
-                };
-                let (p, q) = (f(&x), f(&y));
-                return Ev::Float(if name == "max" { p.max(q) } else { p.min(q) });
-            }
-            _ => {}
-        }
-        let Some((vals, ty)) = self.unify(&[(x, xs), (y, ys)], span, &format!("`{name}`")) else {
-            return Ev::Poison;
-        };
-        if ty.dtype() == DType::Bool {
-            return self.error(
-                ErrorCode::TypeMismatch,
-                span,
-                format!("`{name}` needs numbers, found `bool`"),
-            );
-        }
-        let bo = if name == "max" {
-            BinaryOp::Max
-        } else {
-            BinaryOp::Min
-        };
-        let (Some(&p), Some(&q)) = (vals.first(), vals.get(1)) else {
-            return Ev::Poison;
-        };
-        self.emit1(Op::Binary(bo, p, q), ty, span)
-    }
-
-    /// `where(cond, a, b)`: `cond` is bool; all three broadcast together.
-    fn select(&mut self, a: &Args, span: Span) -> Ev {
-        let (c, cs) = a.p(0);
-        let c = self.expect_value(c, cs);
-        let cond_ok = match self.ev_type(&c) {
-            Some(t) => t.dtype() == DType::Bool,
-            None => matches!(c, Ev::Bool(_) | Ev::Poison),
-        };
-        if !cond_ok {
-            let desc = self.describe(&c);
-            return self.push(
-                Diagnostic::error(
-                    ErrorCode::TypeMismatch,
-                    cs,
-                    format!("`where` needs a bool condition, found {desc}"),
-                )
-                .with_label_message("not bool")
-                .with_note("help: compare to get a bool, e.g. `x > 0.0`"),
-            );
-        }
-        let Some((vals, ty)) = self.unify(&[a.p(1), a.p(2)], span, "`where`") else {
-            return Ev::Poison;
-        };
-        let cshape = self.ev_type(&c).and_then(|t| t.shape().cloned());
-        let shape = match Self::broadcast_shapes(cshape.as_ref(), ty.shape()) {
-            Ok(s) => s,
-            Err(()) => {
-                let cs_text = cshape.map_or("scalar".to_string(), |s| s.to_string());
-                let vs_text = ty.shape().map_or("scalar".to_string(), |s| s.to_string());
-                return self.push(
-                    Diagnostic::error(
-                        ErrorCode::ShapeMismatch,
-                        span,
-                        format!("shapes {cs_text} and {vs_text} cannot be broadcast together in `where`"),
-                    )
-                    .with_secondary(cs, format!("the condition has shape {cs_text}"))
-                    .with_note("extents must be equal or 1, aligned from the right"),
-                );
-            }
-        };
-        if let Some(s) = &shape {
-            if !self.check_tile_shape(s, span) {
-                return Ev::Poison;
-            }
-        }
-        let full = match &shape {
-            Some(s) => ValueType::Tile(ty.dtype(), s.clone()),
-            None => ValueType::Scalar(ty.dtype()),
-        };
-        let (Some(&x), Some(&y)) = (vals.first(), vals.get(1)) else {
-            return Ev::Poison;
-        };
-        let (Some(x), Some(y), Some(cv)) = (
-            self.broadcast_to(x, full.shape(), span),
-            self.broadcast_to(y, full.shape(), span),
-            self.coerce_to(&c, &full.with_dtype(DType::Bool), cs),
-        ) else {
-            return Ev::Poison;
-        };
-        self.emit1(Op::Select(cv, x, y), full, span)
-    }
-
-    /// `pow(a, b)`, `fdiv(a, b)` and `fma(a, b, c)`: floats, broadcasting; integer constants
-    /// are floats.
-    fn float_op(&mut self, name: &str, a: &Args, span: Span) -> Ev {
-        let items: Vec<(Ev, Span)> = a
-            .pos
-            .iter()
-            .map(|(e, s)| match e {
-                Ev::Int(i) => (Ev::Float(*i as f64), *s),
-                other => (other.clone(), *s),
-            })
-            .collect();
-        let mut checked = Vec::new();
-        for (e, s) in items {
-            checked.push((self.expect_value(e, s), s));
-        }
-        let Some((vals, ty)) = self.unify(&checked, span, &format!("`{name}`")) else {
-            return Ev::Poison;
-        };
-        if !ty.dtype().is_float() {
-            return self.push(
-                Diagnostic::error(
-                    ErrorCode::TypeMismatch,
-                    span,
-                    format!("`{name}` needs floats, found `{}`", ty.dtype()),
-                )
-                .with_note(format!("help: cast first, e.g. `{name}(x as f32, ...)`")),
-            );
-        }
-        match (name, vals.as_slice()) {
-            ("pow", [x, y]) => self.emit1(Op::Binary(BinaryOp::Pow, *x, *y), ty, span),
-            ("fdiv", [x, y]) => self.emit1(Op::Binary(BinaryOp::FDiv, *x, *y), ty, span),
-            ("fma", [x, y, z]) => self.emit1(Op::Fma(*x, *y, *z), ty, span),
-            _ => Ev::Poison,
-        }
     }
 }

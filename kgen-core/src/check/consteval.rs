@@ -1,20 +1,25 @@
-//! Compile-time constants: folding of operators over untyped constants, constant
-//! arguments (axes, extents, shapes), and conversion of an untyped constant to a
-//! `Scalar` of a dtype.
+//! Compile-time constants: folding of operators over untyped constants and over typed
+//! constants, constant arguments (axes, extents, shapes), and conversion of an untyped
+//! constant to a `Scalar` of a dtype.
 //!
 //! Assumes: untyped integers come from literals (at most 2^64 - 1, checked by the
-//! parser) and generics (i64).
+//! parser) and generics (i64). Typed constants are the scalar `Const` values listed in
+//! `Checker::typed_consts`.
 //! Guarantees: integer folding is exact and checked: every folded integer lies in
 //! `INT_MIN..=INT_MAX` (the i64 and u64 bit patterns), anything else, and any division
 //! by zero, is a `ConstEval` error; nothing here can overflow or panic. A constant that
-//! meets a typed value must fit that dtype (as a signed or unsigned bit pattern).
+//! meets a typed value must fit that dtype (as a signed or unsigned bit pattern). An
+//! operation on typed constants folds to the value the interpreter (and the GPU)
+//! computes in their dtype (`interp::fold_*`): wrapping, f16/bf16 rounding and all.
 
 use super::{Checker, Ev};
 use crate::abi::ConstArg;
 use crate::diag::{Diagnostic, ErrorCode};
-use crate::front::ast::{self, BinOp};
+use crate::front::ast::{self, BinOp, UnOp};
+use crate::interp::{fold_binary, fold_cast, fold_compare, fold_unary};
+use crate::ir::{BinaryOp, CmpOp, Op, UnaryOp};
 use crate::span::Span;
-use crate::types::{DType, Scalar, Shape, MAX_TILE_ELEMENTS, MAX_TILE_RANK};
+use crate::types::{DType, Scalar, Shape, ValueType, MAX_TILE_ELEMENTS, MAX_TILE_RANK};
 
 /// The smallest untyped integer constant (i64::MIN).
 pub(crate) const INT_MIN: i128 = i64::MIN as i128;
@@ -25,6 +30,11 @@ impl Checker<'_> {
     /// Evaluates a compile-time constant expression (generic defaults, tensor extents).
     pub(crate) fn const_eval(&mut self, e: &ast::Expr) -> Option<ConstArg> {
         let ev = self.expr(e);
+        self.const_arg(ev, e)
+    }
+
+    /// The compile-time value of `ev`, the value of expression `e`.
+    pub(crate) fn const_arg(&mut self, ev: Ev, e: &ast::Expr) -> Option<ConstArg> {
         match ev {
             Ev::Int(i) => match i64::try_from(i) {
                 Ok(v) => Some(ConstArg::Int(v)),
@@ -113,7 +123,7 @@ impl Checker<'_> {
                         Some(s) => Ev::Int(x >> s),
                         None => self.checked_int(None, span, &what),
                     },
-                    And | Or => return None,
+                    And | Or | Pow => return None,
                 }
             }
             (Ev::Float(_) | Ev::Int(_), Ev::Float(_) | Ev::Int(_)) => {
@@ -148,6 +158,152 @@ impl Checker<'_> {
             _ => return None,
         };
         Some(r)
+    }
+
+    /// The value of a typed constant (see `Checker::typed_consts`).
+    pub(crate) fn typed_const(&self, ev: &Ev) -> Option<Scalar> {
+        match ev {
+            Ev::Value(v) => self.typed_consts.get(v).copied(),
+            _ => None,
+        }
+    }
+
+    /// Emits a typed constant.
+    pub(crate) fn emit_const(&mut self, s: Scalar, span: Span) -> Ev {
+        self.emit1(Op::Const(s), ValueType::Scalar(s.dtype()), span)
+    }
+
+    /// A constant operand as a scalar of `d`: a typed constant of `d`, or an untyped one
+    /// that adapts to `d` (and fits it).
+    fn const_operand(&self, ev: &Ev, d: DType) -> Option<Scalar> {
+        match ev {
+            Ev::Value(_) => self.typed_const(ev).filter(|s| s.dtype() == d),
+            Ev::Int(i) if d.is_int() && !int_fits(*i, d) => None,
+            Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) => scalar_const(d, ev),
+            _ => None,
+        }
+    }
+
+    /// Folds `a op b` when both sides are constants and at least one is typed (the other
+    /// adapts to its dtype): a comparison gives a constant `bool`, anything else a typed
+    /// constant. `None` when it does not fold; the caller's ordinary path then reports
+    /// any error (mixed dtypes, an operator the dtype lacks). `**` is folded by `pow`.
+    pub(crate) fn fold_typed(&mut self, op: BinOp, a: &Ev, b: &Ev, span: Span) -> Option<Ev> {
+        use BinOp::*;
+        let d = self.typed_const(a).or_else(|| self.typed_const(b))?.dtype();
+        let x = self.const_operand(a, d)?;
+        let y = self.const_operand(b, d)?;
+        let numeric = d.is_int() || d.is_float();
+        let cmp = match op {
+            Eq => CmpOp::Eq,
+            Ne => CmpOp::Ne,
+            Lt | Le | Gt | Ge if !numeric => return None,
+            Lt => CmpOp::Lt,
+            Le => CmpOp::Le,
+            Gt => CmpOp::Gt,
+            Ge => CmpOp::Ge,
+            _ => {
+                let bop = match op {
+                    Add | Sub | Mul | Div | Rem if !numeric => return None,
+                    Add => BinaryOp::Add,
+                    Sub => BinaryOp::Sub,
+                    Mul => BinaryOp::Mul,
+                    Div => BinaryOp::Div,
+                    Rem => BinaryOp::Rem,
+                    And | Or if d != DType::Bool => return None,
+                    BitAnd | BitOr | BitXor | Shl | Shr if !d.is_int() => return None,
+                    And | BitAnd => BinaryOp::And,
+                    Or | BitOr => BinaryOp::Or,
+                    BitXor => BinaryOp::Xor,
+                    Shl => BinaryOp::Shl,
+                    Shr => BinaryOp::Shr,
+                    _ => return None,
+                };
+                let r = fold_binary(bop, x, y)?;
+                return Some(self.emit_const(r, span));
+            }
+        };
+        fold_compare(cmp, x, y).map(Ev::Bool)
+    }
+
+    /// Folds `-c` / `!c` on a typed constant (`None` otherwise, or where the dtype has no
+    /// such operator).
+    pub(crate) fn fold_typed_unary(&mut self, op: UnOp, v: &Ev, span: Span) -> Option<Ev> {
+        let s = self.typed_const(v)?;
+        let u = match op {
+            UnOp::Neg if s.dtype() != DType::Bool => UnaryOp::Neg,
+            UnOp::Not if !s.dtype().is_float() => UnaryOp::Not,
+            _ => return None,
+        };
+        let r = fold_unary(u, s)?;
+        Some(self.emit_const(r, span))
+    }
+
+    /// Folds `c as d` on a typed constant.
+    pub(crate) fn fold_typed_cast(&mut self, v: &Ev, d: DType, span: Span) -> Option<Ev> {
+        let s = self.typed_const(v)?;
+        let r = fold_cast(s, d)?;
+        Some(self.emit_const(r, span))
+    }
+
+    /// `dtype(x)` / `x.dtype`: the dtype of a tensor's elements, of a tile or scalar value
+    /// (a typed constant included), or a dtype itself. An untyped constant has none.
+    pub(crate) fn dtype_builtin(&mut self, a: &super::builtins::Args) -> Ev {
+        let (x, xs) = a.p(0);
+        match &x {
+            Ev::Tensor(t) => match self.func.tensor_param(*t) {
+                Some(tp) => Ev::DType(tp.dtype),
+                None => Ev::Poison,
+            },
+            Ev::Value(v) => Ev::DType(self.ty(*v).dtype()),
+            Ev::DType(d) => Ev::DType(*d),
+            Ev::Poison => Ev::Poison,
+            Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) => {
+                let desc = self.describe(&x);
+                self.push(
+                    Diagnostic::error(
+                        ErrorCode::WrongKind,
+                        xs,
+                        format!("{desc} has no dtype: it takes the dtype of the value it meets"),
+                    )
+                    .with_label_message("untyped constant")
+                    .with_note("help: give it one with a cast, e.g. `1.0 as f32`"),
+                )
+            }
+            other => {
+                let desc = self.describe(other);
+                self.error(
+                    ErrorCode::WrongKind,
+                    xs,
+                    format!("`dtype` needs a tensor, a tile or a scalar, found {desc}"),
+                )
+            }
+        }
+    }
+
+    /// `lowest(T)` / `highest(T)`: the least / greatest value of dtype `T`, as a typed
+    /// constant: the identities of `max` / `min` (-inf / +inf for floats, MIN / MAX for
+    /// integers, `false` / `true` for `bool`).
+    pub(crate) fn extreme(&mut self, name: &str, a: &super::builtins::Args, span: Span) -> Ev {
+        let Some(d) = self.expect_dtype(&a.p(0)) else {
+            return Ev::Poison;
+        };
+        let low = name == "lowest";
+        let s = match d {
+            DType::Bool => Scalar::Bool(!low),
+            DType::I32 => Scalar::Int(if low { i32::MIN } else { i32::MAX } as i64, d),
+            DType::U32 => Scalar::Int(if low { 0 } else { u32::MAX as i64 }, d),
+            DType::I64 => Scalar::Int(if low { i64::MIN } else { i64::MAX }, d),
+            DType::F16 | DType::BF16 | DType::F32 => Scalar::Float(
+                if low {
+                    f64::NEG_INFINITY
+                } else {
+                    f64::INFINITY
+                },
+                d,
+            ),
+        };
+        self.emit_const(s, span)
     }
 
     /// A constant integer argument in `lo..=hi` (axes, grid axes, extents).

@@ -4,9 +4,11 @@
 //! Assumes: scopes hold the bindings of the enclosing statements.
 //! Guarantees: every `Ev::Value` returned is a valid IR value; binary IR ops get
 //! operands of identical type (via `unify`); operators over constants are folded
-//! (`consteval`), so `BLOCK / 2` stays a constant usable in shapes. Comparisons give
-//! `bool`; `&& || !` need `bool`; bitwise operators and shifts need integers (`!` also
-//! takes integers: bitwise not); arithmetic needs numbers (`%` on floats is fmod).
+//! (`consteval`), so `BLOCK / 2` stays a constant usable in shapes, and so are
+//! operators over typed constants (`EPS * 2.0` is a typed constant); `**` is `pow`.
+//! Comparisons give `bool`; `&& || !` need `bool`; bitwise operators and shifts need
+//! integers (`!` also takes integers: bitwise not); arithmetic needs numbers (`%` on
+//! floats is fmod).
 
 use super::scope::closest;
 use super::{Binding, Checker, Ev};
@@ -15,7 +17,7 @@ use crate::diag::{Diagnostic, ErrorCode};
 use crate::front::ast::{self, BinOp, ExprKind, UnOp};
 use crate::ir::{BinaryOp, CmpOp, Op, UnaryOp};
 use crate::span::Span;
-use crate::types::{DType, ValueType};
+use crate::types::{DType, Scalar, ValueType};
 
 impl Checker<'_> {
     pub(crate) fn expr(&mut self, e: &ast::Expr) -> Ev {
@@ -48,7 +50,11 @@ impl Checker<'_> {
                     None => Ev::Poison,
                 }
             }
-            ExprKind::Call { func, args, .. } => self.call(func, args, e.span),
+            ExprKind::Call {
+                func,
+                args,
+                method_syntax,
+            } => self.call(func, args, *method_syntax, e.span),
         }
     }
 
@@ -61,6 +67,9 @@ impl Checker<'_> {
                     ConstArg::Int(i) => Ev::Int(i as i128),
                     ConstArg::Bool(b) => Ev::Bool(b),
                     ConstArg::DType(d) => Ev::DType(d),
+                    ConstArg::Float(d, bits) => {
+                        self.emit_const(Scalar::Float(f32::from_bits(bits) as f64, d), id.span)
+                    }
                 },
             };
         }
@@ -102,6 +111,9 @@ impl Checker<'_> {
             (UnOp::Not, Ev::Bool(b)) => Ev::Bool(!*b),
             (UnOp::Not, Ev::Int(i)) => self.checked_int(Some(!*i), span, &format!("`!{i}`")),
             (_, Ev::Value(x)) => {
+                if let Some(folded) = self.fold_typed_unary(op, &v, span) {
+                    return folded;
+                }
                 let t = self.ty(*x);
                 let d = t.dtype();
                 let ok = match op {
@@ -177,7 +189,13 @@ impl Checker<'_> {
     ) -> Ev {
         let a = self.expect_value(a, aspan);
         let b = self.expect_value(b, bspan);
+        if op == BinOp::Pow {
+            return self.pow((a, aspan), (b, bspan), span, "`**`");
+        }
         if let Some(folded) = self.fold(op, &a, &b, span) {
+            return folded;
+        }
+        if let Some(folded) = self.fold_typed(op, &a, &b, span) {
             return folded;
         }
         if let Some(short) = self.short_circuit(op, &a, &b) {
@@ -245,6 +263,8 @@ impl Checker<'_> {
             BinOp::BitXor => bin(self, BinaryOp::Xor),
             BinOp::Shl => bin(self, BinaryOp::Shl),
             BinOp::Shr => bin(self, BinaryOp::Shr),
+            // Routed to `pow` above.
+            BinOp::Pow => Ev::Poison,
         }
     }
 

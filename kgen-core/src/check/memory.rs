@@ -8,7 +8,8 @@
 //! for `Gather`/`Scatter`/`AtomicAdd` one integer tile per dimension, the mask (bool)
 //! and the value all of one broadcast shape, the value of the tensor's dtype
 //! (`atomic_add`: f32 and i32 tensors only); padding and `other` are constants of the
-//! tensor's dtype. `dot` checks `[M, K] x [K, N] + [M, N]` and the accumulator dtype.
+//! tensor's dtype (an untyped constant that fits it, or a typed constant of it:
+//! `pad = lowest(T)`). `dot` checks `[M, K] x [K, N] + [M, N]` and the accumulator dtype.
 
 use super::builtins::Args;
 use super::{Checker, Ev};
@@ -102,6 +103,24 @@ impl Checker<'_> {
         let Some((e, sp)) = arg else {
             return super::scalar_const(dtype, &Ev::Int(0)).or(Some(Scalar::Bool(false)));
         };
+        if let Some(c) = self.typed_const(&e) {
+            if c.dtype() == dtype {
+                return Some(c);
+            }
+            self.push(
+                Diagnostic::error(
+                    ErrorCode::TypeMismatch,
+                    sp,
+                    format!(
+                        "`{what}` is a `{}` constant, but the tensor holds `{dtype}`",
+                        c.dtype()
+                    ),
+                )
+                .with_label_message(format!("a `{}` constant", c.dtype()))
+                .with_note(format!("help: convert it: `(...) as {dtype}`")),
+            );
+            return None;
+        }
         if let Ev::Value(_) = e {
             self.push(
                 Diagnostic::error(

@@ -12,19 +12,23 @@
 //! - `mod.rs`: the entry point, kernel selection, the warp heuristic, IR emission;
 //! - `spec.rs`: specialization (generics from `-D` values or defaults), parameters;
 //! - `scope.rs`: bindings, scopes, "did you mean" suggestions;
-//! - `consteval.rs`: compile-time constants and checked folding;
+//! - `consteval.rs`: compile-time constants and checked folding, typed constants;
 //! - `types.rs`: dtype rules (literal adaptation, unification, casts), kind checks;
 //! - `shapes.rs`: broadcasting, tile-shape rules, shape builtins and reductions;
 //! - `expr.rs`: expressions and operators;
 //! - `builtins.rs`: the builtin table, argument matching, value builtins;
+//! - `math.rs`: element-wise math (`exp` ... `erf`, `min`/`max`, `maximum`, `where`,
+//!   `pow` and `**`, `fma`, `fdiv`, `cdiv`);
 //! - `memory.rs`: `load`/`store`/`gather`/`scatter`/`atomic_add`/`dot`;
 //! - `stmt.rs`: statements, SSA for `let mut`, loops and ifs;
 //! - `tests.rs` (valid programs), `tests_errors.rs` (one or more per error code),
-//!   `tests_robust.rs` (deep and random ASTs).
+//!   `tests_robust.rs` (deep and random ASTs), `tests_values.rs` (constants and the
+//!   value builtins: typed constants, float generics, `dtype`, `item`, `**`, ...).
 
 mod builtins;
 mod consteval;
 mod expr;
+mod math;
 mod memory;
 mod scope;
 mod scratch;
@@ -37,6 +41,8 @@ mod tests;
 mod tests_errors;
 #[cfg(test)]
 mod tests_robust;
+#[cfg(test)]
+mod tests_values;
 mod types;
 
 pub(crate) use consteval::{scalar_const, wrap_int};
@@ -96,6 +102,10 @@ pub(crate) struct Checker<'a> {
     pub too_deep: bool,
     /// The size and span of the kernel's first `cluster_gather` (all must agree).
     pub cluster: Option<(u32, Span)>,
+    /// Typed constants: every scalar `Const` the checker emitted (a constant cast to a
+    /// dtype, a float generic, `lowest(T)`, a folded operation), with its value.
+    /// Operations on them fold (`consteval.rs`), and `pad` / `other` accept them.
+    pub typed_consts: HashMap<ValueId, crate::types::Scalar>,
 }
 
 /// The deepest nesting of expressions and statement blocks the checker accepts. The
@@ -139,6 +149,7 @@ pub fn lower_kernel(
         depth: 0,
         too_deep: false,
         cluster: None,
+        typed_consts: HashMap::new(),
     };
     let consts = c.specialize(kernel);
     let tensor_align = c.params(kernel);
@@ -283,6 +294,11 @@ impl Checker<'_> {
             .into_iter()
             .map(|ty| self.func.values.append(ir::Value { ty, name: None }))
             .collect();
+        if let (Op::Const(s), [r]) = (&op, results.as_slice()) {
+            if matches!(self.ty(*r), ValueType::Scalar(_)) {
+                self.typed_consts.insert(*r, *s);
+            }
+        }
         let id: InstId = self.func.insts.append(ir::Inst {
             op,
             results: results.clone(),

@@ -1,6 +1,6 @@
 //! Shapes: numpy broadcasting made explicit, the tile-shape rules, and the shape
-//! builtins (`reshape`, `broadcast`, `expand_dims`, `transpose`, `permute`) and
-//! reductions.
+//! builtins (`reshape`, `broadcast`, `expand_dims`, `transpose`, `permute`),
+//! reductions (along an axis, or over every element) and `item`.
 //!
 //! Assumes: shapes of existing values already obey the tile rules.
 //! Guarantees: `broadcast_to` emits exactly the IR the invariants ask for: `Splat` for a
@@ -256,19 +256,36 @@ impl Checker<'_> {
         self.emit1(Op::Permute(v, perm), ValueType::Tile(t, Shape(dims)), span)
     }
 
-    /// A reduction along a constant axis; a 1-D tile reduces to a scalar.
+    /// A reduction along a constant axis (a 1-D tile reduces to a scalar), or, with no
+    /// axis, over every element (numpy's `axis=None`): a scalar; a tile of rank > 1 is
+    /// reshaped to 1-D first, so `argmax` / `argmin` give the row-major flat index and
+    /// an f16/bf16 sum still rounds once.
     pub(crate) fn reduce(
         &mut self,
         op: ReduceOp,
         x: (Ev, Span),
-        axis: (Ev, Span),
+        axis: Option<(Ev, Span)>,
         span: Span,
     ) -> Ev {
         let Some((v, d, s)) = self.expect_tile(&x) else {
             return Ev::Poison;
         };
-        let Some(ax) = self.const_int(&axis, 0, s.rank() as i64 - 1, "axis") else {
-            return Ev::Poison;
+        let (v, s, ax) = match axis {
+            Some(axis) => {
+                let Some(ax) = self.const_int(&axis, 0, s.rank() as i64 - 1, "axis") else {
+                    return Ev::Poison;
+                };
+                (v, s, ax)
+            }
+            None if s.rank() == 1 => (v, s, 0),
+            None => {
+                let flat = Shape(vec![s.num_elements() as u32]);
+                let Some(r) = self.emit_v(Op::Reshape(v), ValueType::Tile(d, flat.clone()), span)
+                else {
+                    return Ev::Poison;
+                };
+                (r, flat, 0)
+            }
         };
         if d == DType::Bool {
             return self.push(
@@ -300,5 +317,58 @@ impl Checker<'_> {
             ty,
             span,
         )
+    }
+
+    /// `item(t)`: the one element of a tile of one element (`[1]`, `[1, 1]`, ...) as a
+    /// scalar. In the IR it is a reduction over one element (`max`, which leaves any
+    /// value as it is, -0.0 and NaN included; a `bool` goes through `i32`).
+    pub(crate) fn item(&mut self, x: (Ev, Span), span: Span) -> Ev {
+        let Some((v, d, s)) = self.expect_tile(&x) else {
+            return Ev::Poison;
+        };
+        if s.num_elements() != 1 {
+            return self.push(
+                Diagnostic::error(
+                    ErrorCode::ShapeMismatch,
+                    x.1,
+                    format!(
+                        "`item` needs a tile of exactly one element, found {s} ({} elements)",
+                        s.num_elements()
+                    ),
+                )
+                .with_label_message(format!("this has shape {s}"))
+                .with_note("help: reduce it to a scalar instead: `sum(t)`, `max(t)`, `min(t)`"),
+            );
+        }
+        let one = Shape(vec![1]);
+        let mut cur = v;
+        if s.rank() > 1 {
+            let Some(r) = self.emit_v(Op::Reshape(v), ValueType::Tile(d, one.clone()), span) else {
+                return Ev::Poison;
+            };
+            cur = r;
+        }
+        let rd = if d == DType::Bool { DType::I32 } else { d };
+        if d == DType::Bool {
+            let Some(c) = self.emit_v(Op::Cast(cur), ValueType::Tile(rd, one), span) else {
+                return Ev::Poison;
+            };
+            cur = c;
+        }
+        let r = self.emit1(
+            Op::Reduce {
+                op: ReduceOp::Max,
+                value: cur,
+                axis: 0,
+            },
+            ValueType::Scalar(rd),
+            span,
+        );
+        match r {
+            Ev::Value(x) if d == DType::Bool => {
+                self.emit1(Op::Cast(x), ValueType::Scalar(DType::Bool), span)
+            }
+            other => other,
+        }
     }
 }

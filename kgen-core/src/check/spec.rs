@@ -4,8 +4,9 @@
 //!
 //! Assumes: `scopes[0]` is empty on entry; it receives the generics, then the parameters.
 //! Guarantees: `Specialization::consts` lists the generics in declaration order with
-//! values of their declared kind; tensor alignments are powers of two between the element
-//! size and 16 (the element size for non-contiguous tensors); scalar parameters are bound
+//! values of their declared kind (a float value rounded to its dtype); tensor alignments
+//! are powers of two between the element size and 16 (the element size for
+//! non-contiguous tensors); scalar parameters are bound
 //! to `ScalarParam` values emitted at the top of the body, in source order. A rejected
 //! generic or parameter is remembered in `poisoned`, so its uses are not reported again.
 
@@ -60,9 +61,12 @@ impl Checker<'_> {
                 .rev()
                 .find(|(n, _)| n == &g.name.name);
             let value = match define {
-                Some((_, text)) => parse_define(text),
+                Some((_, text)) => match g.kind {
+                    ast::GenericKind::FloatValue(d) => parse_float_define(text, d),
+                    _ => parse_define(text),
+                },
                 None => match &g.default {
-                    Some(e) => match self.const_eval(e) {
+                    Some(e) => match self.generic_default(g, e) {
                         Some(v) => Some(v),
                         None => {
                             self.poisoned.insert(g.name.name.clone());
@@ -94,6 +98,9 @@ impl Checker<'_> {
                 (ast::GenericKind::Float, Some(ConstArg::DType(d))) if d.is_float() => {
                     ConstArg::DType(d)
                 }
+                (ast::GenericKind::FloatValue(d), Some(ConstArg::Float(e, bits))) if d == e => {
+                    ConstArg::Float(d, bits)
+                }
                 (kind, v) => {
                     let got = match (&v, define) {
                         (Some(v), _) => format!("`{v}`"),
@@ -101,13 +108,14 @@ impl Checker<'_> {
                         (None, None) => "an unreadable value".to_string(),
                     };
                     let want = match kind {
-                        ast::GenericKind::Int => "an integer",
-                        ast::GenericKind::Bool => "`true` or `false`",
-                        ast::GenericKind::DType => "a dtype",
-                        ast::GenericKind::Float => "a float dtype (f16, bf16 or f32)",
+                        ast::GenericKind::Int => "an integer".to_string(),
+                        ast::GenericKind::Bool => "`true` or `false`".to_string(),
+                        ast::GenericKind::DType => "a dtype".to_string(),
+                        ast::GenericKind::Float => "a float dtype (f16, bf16 or f32)".to_string(),
+                        ast::GenericKind::FloatValue(d) => format!("a `{d}` value such as `1e-5`"),
                     };
                     let at = g.default.as_ref().map_or(g.name.span, |e| e.span);
-                    let d = Diagnostic::error(
+                    let mut d = Diagnostic::error(
                         ErrorCode::BadSpecialization,
                         at,
                         format!(
@@ -116,6 +124,10 @@ impl Checker<'_> {
                         ),
                     )
                     .with_secondary(g.kind_span, "kind declared here");
+                    let number = define.is_some_and(|(_, t)| t.trim().parse::<f64>().is_ok());
+                    if number && matches!(kind, ast::GenericKind::Float | ast::GenericKind::DType) {
+                        d = d.with_note(dtype_kind_help(&g.name.name, kind));
+                    }
                     self.push(d);
                     self.poisoned.insert(g.name.name.clone());
                     continue;
@@ -133,6 +145,64 @@ impl Checker<'_> {
             out.push((g.name.name.clone(), value));
         }
         out
+    }
+
+    /// The value of a generic's default expression, checked against its kind where the
+    /// kind decides what the expression means: a float value for `EPS: f32`, and a
+    /// clear error for a number where a dtype is declared (`EPS: float = 1e-5`).
+    fn generic_default(&mut self, g: &ast::GenericParam, e: &ast::Expr) -> Option<ConstArg> {
+        let ev = self.expr(e);
+        match (g.kind, &ev) {
+            (ast::GenericKind::FloatValue(d), Ev::Float(f)) => Some(ConstArg::float(d, *f)),
+            (ast::GenericKind::FloatValue(d), Ev::Int(i)) => Some(ConstArg::float(d, *i as f64)),
+            (ast::GenericKind::FloatValue(d), Ev::Value(_)) => match self.typed_const(&ev) {
+                Some(crate::types::Scalar::Float(f, t)) if t == d => Some(ConstArg::float(d, f)),
+                _ => {
+                    let desc = self.describe(&ev);
+                    self.push(
+                        Diagnostic::error(
+                            ErrorCode::BadSpecialization,
+                            e.span,
+                            format!(
+                                "compile-time parameter `{}` needs a `{d}` constant, got {desc}",
+                                g.name.name
+                            ),
+                        )
+                        .with_secondary(g.kind_span, "kind declared here"),
+                    );
+                    None
+                }
+            },
+            (ast::GenericKind::Float | ast::GenericKind::DType, Ev::Float(_) | Ev::Int(_)) => {
+                let kind = if g.kind == ast::GenericKind::Float {
+                    "float"
+                } else {
+                    "dtype"
+                };
+                self.push(
+                    Diagnostic::error(
+                        ErrorCode::BadSpecialization,
+                        e.span,
+                        format!(
+                            "`{}: {kind}` declares a dtype, but its default is a number",
+                            g.name.name
+                        ),
+                    )
+                    .with_label_message("a number, not a dtype")
+                    .with_secondary(
+                        g.kind_span,
+                        if kind == "float" {
+                            "`float` is a kind of dtype: f16, bf16 or f32"
+                        } else {
+                            "`dtype` is the kind of a dtype"
+                        },
+                    )
+                    .with_note(dtype_kind_help(&g.name.name, g.kind)),
+                );
+                None
+            }
+            _ => self.const_arg(ev, e),
+        }
     }
 
     /// Reports `name` defined a second time.
@@ -352,6 +422,34 @@ pub(crate) fn tensor_align(dtype: DType, contiguous: bool, requested: u32) -> u3
         r => 1u32 << (31 - r.leading_zeros()),
     };
     pow2.clamp(elem, 16)
+}
+
+/// The help for a number given to a dtype parameter.
+fn dtype_kind_help(name: &str, kind: ast::GenericKind) -> String {
+    let what = if kind == ast::GenericKind::Float {
+        "`float` means a dtype"
+    } else {
+        "`dtype` means a dtype"
+    };
+    format!(
+        "help: {what}; for a compile-time float value, give its dtype instead: `{name}: f32 = 1e-5` (f16, bf16 or f32)"
+    )
+}
+
+/// Parses a `-D NAME=VALUE` value for a float generic of dtype `d`: a decimal or integer
+/// number, `inf`, `-inf` or `nan`, rounded to `d`.
+pub(crate) fn parse_float_define(text: &str, d: DType) -> Option<ConstArg> {
+    let t = text.trim().replace('_', "");
+    if t.is_empty() || t.starts_with('+') {
+        return None;
+    }
+    // f32 directly (one rounding from the decimal); f16/bf16 through f64.
+    if d == DType::F32 {
+        let v: f32 = t.parse().ok()?;
+        return Some(ConstArg::float(d, v as f64));
+    }
+    let v: f64 = t.parse().ok()?;
+    Some(ConstArg::float(d, v))
 }
 
 /// Parses a `-D NAME=VALUE` value: an integer (decimal or `0x` hex, `_` separators,

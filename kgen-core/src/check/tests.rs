@@ -393,7 +393,7 @@ fn math_casts_and_select() {
 fn reductions_and_min_max_forms() {
     let f = lower(&k("let t = load(m, [i, 0], [4, 8]);
          let a = sum(t, 1);
-         let b = t.max(0);
+         let b = t.max(axis = 0);
          let c = min(t, axis = 1);
          let d = argmax(t, 1);
          let e = argmin(sum(t, 0), 0);
@@ -665,7 +665,7 @@ fn shadowing_and_value_names() {
 #[test]
 fn method_syntax_is_a_call() {
     let f = lower(&k(
-        "let t = load(m, [i, 0], [2, 8]); let s = t.sum(1).max(0); let d = m.shape(0);",
+        "let t = load(m, [i, 0], [2, 8]); let s = t.sum(1).max(axis = 0); let d = m.shape(0);",
     ));
     assert_eq!(count(&f, |o| matches!(o, Op::Reduce { .. })), 2);
     assert_eq!(count(&f, |o| matches!(o, Op::TensorDim { .. })), 1);
@@ -699,11 +699,25 @@ fn bundled_user_and_documented_kernels_check() {
     }
     assert!(srcs.len() >= 15, "found only {} programs", srcs.len());
     for (name, text) in srcs {
+        // An example of an error (`// error: E0206` first) must give that error.
+        let expected = text
+            .trim_start()
+            .strip_prefix("// error: ")
+            .and_then(|r| r.split_whitespace().next())
+            .map(str::to_string);
         let file = SourceFile::new(name.clone(), text);
         let m = front::parse(&file).unwrap_or_else(|d| panic!("{name}: {}", d.render(&file)));
         for kern in &m.kernels {
             let opts = CompileOptions::new(Arch::Sm80).kernel(&kern.name.name);
-            match super::lower_kernel(&m, &opts) {
+            let result = super::lower_kernel(&m, &opts);
+            if let Some(code) = &expected {
+                match result {
+                    Err(d) => assert!(d.0.iter().any(|x| x.code.code() == code), "{name}: {d:?}"),
+                    Ok(_) => panic!("{name}: compiled, but it should give {code}"),
+                }
+                continue;
+            }
+            match result {
                 Ok((f, _)) => {
                     if let Err(d) = crate::valid::validate(&f) {
                         panic!("{name}: invalid IR\n{}\n{f}", d.render(&file));

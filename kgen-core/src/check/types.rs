@@ -263,6 +263,9 @@ impl Checker<'_> {
                 if t.dtype() == d {
                     return v;
                 }
+                if let Some(folded) = self.fold_typed_cast(&v, d, span) {
+                    return folded;
+                }
                 return self.emit1(Op::Cast(*x), t.with_dtype(d), span);
             }
             Ev::Int(i) => match d {

@@ -4,9 +4,9 @@
 //! `#[kernel]` proc macro (`kgen-macros`, through `front::ast` directly). One checker
 //! (`check`) turns it into tile IR, so the two front ends cannot drift apart.
 //!
-//! Method-call syntax (`x.sum(1)`, `t.shape(0)`) is desugared by the front ends into a
-//! [`ExprKind::Call`] whose first argument is the receiver; `method_syntax` records it
-//! only for diagnostics.
+//! Method-call syntax (`x.sum(1)`, `t.shape(0)`) and the `.dtype` property are desugared
+//! by the front ends into a [`ExprKind::Call`] whose first argument is the receiver
+//! (`x.dtype` is `dtype(x)`); `method_syntax` records it only for diagnostics.
 
 use crate::span::Span;
 
@@ -53,6 +53,9 @@ pub enum GenericKind {
     DType,
     /// A floating-point dtype: f16, bf16 or f32 (`float`).
     Float,
+    /// A compile-time value of a float dtype (`EPS: f32 = 1e-5`; f16, bf16 or f32): a
+    /// typed constant, rounded to the dtype.
+    FloatValue(crate::types::DType),
 }
 
 /// A runtime parameter: `x: tensor<T, 2>` or `eps: f32`.
@@ -231,6 +234,9 @@ pub enum BinOp {
     BitXor,
     Shl,
     Shr,
+    /// `a ** b` (`.kg` only): binds tighter than every other operator, unary minus
+    /// included (`-x ** 2` is `-(x ** 2)`), and groups to the right.
+    Pow,
 }
 
 impl BinOp {
@@ -255,6 +261,7 @@ impl BinOp {
             BitXor => "^",
             Shl => "<<",
             Shr => ">>",
+            Pow => "**",
         }
     }
 }

@@ -205,15 +205,31 @@ fn build_generic(p: Pair<'_, Rule>) -> R<GenericParam> {
         "bool" => GenericKind::Bool,
         "dtype" => GenericKind::DType,
         "float" => GenericKind::Float,
-        other => {
-            return Err(Diagnostic::error(
-                ErrorCode::Syntax,
-                kind_id.span,
-                format!("unknown compile-time parameter kind `{other}`"),
-            )
-            .with_label_message("expected `int`, `bool`, `dtype` or `float`")
-            .with_note("a compile-time parameter is written `NAME: KIND` or `NAME: KIND = DEFAULT`, e.g. `BLOCK: int = 1024`"));
-        }
+        other => match crate::types::DType::from_name(other) {
+            Some(d) if d.is_float() => GenericKind::FloatValue(d),
+            Some(d) => {
+                return Err(Diagnostic::error(
+                    ErrorCode::Syntax,
+                    kind_id.span,
+                    format!("a compile-time parameter cannot have the dtype `{d}`"),
+                )
+                .with_label_message("expected `int`, `bool`, `dtype`, `float`, or a float dtype")
+                .with_note(format!(
+                    "help: for a compile-time integer write `{}: int` (it adapts to the dtype it meets, as a literal does)",
+                    name.name
+                ))
+                .with_note("compile-time values of a dtype are floats: `EPS: f32 = 1e-5` (f16, bf16 or f32)"));
+            }
+            None => {
+                return Err(Diagnostic::error(
+                    ErrorCode::Syntax,
+                    kind_id.span,
+                    format!("unknown compile-time parameter kind `{other}`"),
+                )
+                .with_label_message("expected `int`, `bool`, `dtype`, `float`, or a float dtype")
+                .with_note("a compile-time parameter is written `NAME: KIND` or `NAME: KIND = DEFAULT`, e.g. `BLOCK: int = 1024` or `EPS: f32 = 1e-5`"));
+            }
+        },
     };
     let default = match c.take_if(Rule::expr) {
         Some(e) => Some(build_expr(e, 0)?.e),
@@ -616,12 +632,13 @@ pub(crate) fn bin_op_of(s: &str) -> Option<BinOp> {
         "^" => BitXor,
         "<<" => Shl,
         ">>" => Shr,
+        "**" => Pow,
         _ => return None,
     })
 }
 
 /// Binding power, Rust's: `||` < `&&` < comparisons < `|` < `^` < `&` < shifts <
-/// `+ -` < `* / %`.
+/// `+ -` < `* / %`; then `**` (Python's), which `build_expr` groups before the others.
 fn prec(op: BinOp) -> u8 {
     use BinOp::*;
     match op {
@@ -634,6 +651,7 @@ fn prec(op: BinOp) -> u8 {
         Shl | Shr => 7,
         Add | Sub => 8,
         Mul | Div | Rem => 9,
+        Pow => 10,
     }
 }
 
@@ -643,7 +661,10 @@ fn is_comparison(op: BinOp) -> bool {
 
 /// One element of an `expr` pair's flat sequence.
 enum Item<'i> {
-    Operand(Vec<Pair<'i, Rule>>),
+    /// An operand not yet built: `unary_op* primary (method_call | property | cast)*`.
+    Raw(Vec<Pair<'i, Rule>>),
+    /// An operand built already (a `**` chain).
+    Built(E),
     Op(BinOp, Span),
 }
 
@@ -659,19 +680,43 @@ fn build_expr(p: Pair<'_, Rule>, depth: u32) -> R<E> {
     }
     // Split the flat sequence into operands (unary ops, primary, postfix ops) and
     // binary operators.
-    let mut items: Vec<Item<'_>> = Vec::new();
+    let mut operands: Vec<Vec<Pair<'_, Rule>>> = Vec::new();
+    let mut ops: Vec<(BinOp, Span)> = Vec::new();
     let mut cur: Vec<Pair<'_, Rule>> = Vec::new();
     for q in p.into_inner() {
         if q.as_rule() == Rule::bin_op {
             let sp = span_of(&q);
             let op = bin_op_of(q.as_str()).ok_or_else(|| internal(sp, "unknown operator"))?;
-            items.push(Item::Operand(std::mem::take(&mut cur)));
-            items.push(Item::Op(op, sp));
+            operands.push(std::mem::take(&mut cur));
+            ops.push((op, sp));
         } else {
             cur.push(q);
         }
     }
-    items.push(Item::Operand(cur));
+    operands.push(cur);
+    // `**` chains become one operand each, before the other operators are climbed.
+    let mut items: Vec<Item<'_>> = Vec::new();
+    let mut operands = operands.into_iter();
+    let mut ops = ops.into_iter().peekable();
+    while let Some(first) = operands.next() {
+        let mut chain = vec![first];
+        while let Some(&(BinOp::Pow, _)) = ops.peek() {
+            ops.next();
+            chain.push(
+                operands
+                    .next()
+                    .ok_or_else(|| internal(span, "expected an operand"))?,
+            );
+        }
+        items.push(if chain.len() == 1 {
+            Item::Raw(chain.pop().unwrap_or_default())
+        } else {
+            Item::Built(build_pow_chain(chain, depth, span)?)
+        });
+        if let Some((op, sp)) = ops.next() {
+            items.push(Item::Op(op, sp));
+        }
+    }
     let mut items = items.into_iter().peekable();
     climb(&mut items, 0, depth, span)
 }
@@ -682,7 +727,8 @@ type Items<'i> = std::iter::Peekable<std::vec::IntoIter<Item<'i>>>;
 /// chain of equal-precedence operators, recursive only across precedence levels.
 fn climb(items: &mut Items<'_>, min_prec: u8, depth: u32, whole: Span) -> R<E> {
     let mut lhs = match items.next() {
-        Some(Item::Operand(ps)) => build_operand(ps, depth, whole)?,
+        Some(Item::Raw(ps)) => build_operand(ps, depth, whole)?,
+        Some(Item::Built(e)) => e,
         _ => return Err(internal(whole, "expected an operand")),
     };
     let mut last_cmp = false;
@@ -719,24 +765,50 @@ fn climb(items: &mut Items<'_>, min_prec: u8, depth: u32, whole: Span) -> R<E> {
     Ok(lhs)
 }
 
-/// `unary_op* primary (method_call | cast)*`. Method calls bind tighter than unary
-/// operators, which bind tighter than `as` (Rust's order): `-x.f() as T` is
-/// `(-(x.f())) as T`. Postfix operators after the first cast apply to the whole.
-fn build_operand(ps: Vec<Pair<'_, Rule>>, depth: u32, whole: Span) -> R<E> {
-    let mut it = ps.into_iter().peekable();
-    let mut prefixes = Vec::new();
-    while let Some(q) = it.next_if(|q| q.as_rule() == Rule::unary_op) {
-        prefixes.push(q);
+/// `o1 ** o2 ** ... ** on`, Python's way: right to left, and each operand's prefix
+/// operators apply to the power it starts (`-x ** 2` is `-(x ** 2)`, `2 ** -x` is
+/// `2 ** (-x)`). A cast in a chain could bind either way (`x as f32 ** 2`): an error.
+fn build_pow_chain(chain: Vec<Vec<Pair<'_, Rule>>>, depth: u32, whole: Span) -> R<E> {
+    if let Some(c) = chain.iter().flatten().find(|q| q.as_rule() == Rule::cast) {
+        return Err(Diagnostic::error(
+            ErrorCode::Syntax,
+            span_of(c),
+            "`as` cannot be mixed with `**` without parentheses",
+        )
+        .with_label_message("this cast")
+        .with_note("help: write `(x as f32) ** y` or `(x ** y) as f32`"));
     }
-    let prim = it
+    let mut rev = chain.into_iter().rev();
+    let last = rev
         .next()
-        .ok_or_else(|| internal(whole, "missing operand"))?;
-    let mut e = build_primary(prim, depth)?;
-    // Method calls directly on the primary.
-    while let Some(q) = it.next_if(|q| q.as_rule() == Rule::method_call) {
-        e = build_method(e, q, depth)?;
+        .ok_or_else(|| internal(whole, "expected an operand"))?;
+    let mut acc = build_operand(last, depth, whole)?;
+    for ps in rev {
+        let split = ps
+            .iter()
+            .position(|q| q.as_rule() != Rule::unary_op)
+            .unwrap_or(ps.len());
+        let mut ps = ps;
+        let core = ps.split_off(split);
+        let base = build_operand(core, depth, whole)?;
+        let span = base.e.span.to(acc.e.span);
+        let d = base.depth.max(acc.depth) + 1;
+        acc = mk(
+            ExprKind::Binary {
+                op: BinOp::Pow,
+                lhs: Box::new(base.e),
+                rhs: Box::new(acc.e),
+            },
+            span,
+            d,
+        )?;
+        acc = apply_prefixes(acc, ps)?;
     }
-    // Unary operators, innermost (last written) first.
+    Ok(acc)
+}
+
+/// Applies prefix operators (in source order) to `e`, innermost (last written) first.
+fn apply_prefixes(mut e: E, prefixes: Vec<Pair<'_, Rule>>) -> R<E> {
     for q in prefixes.into_iter().rev() {
         let op = match q.as_str() {
             "-" => UnOp::Neg,
@@ -754,9 +826,31 @@ fn build_operand(ps: Vec<Pair<'_, Rule>>, depth: u32, whole: Span) -> R<E> {
             d,
         )?;
     }
+    Ok(e)
+}
+
+/// `unary_op* primary (method_call | property | cast)*`. Method calls and properties
+/// bind tighter than unary operators, which bind tighter than `as` (Rust's order):
+/// `-x.f() as T` is `(-(x.f())) as T`. Postfix operators after the first cast apply to
+/// the whole.
+fn build_operand(ps: Vec<Pair<'_, Rule>>, depth: u32, whole: Span) -> R<E> {
+    let mut it = ps.into_iter().peekable();
+    let mut prefixes = Vec::new();
+    while let Some(q) = it.next_if(|q| q.as_rule() == Rule::unary_op) {
+        prefixes.push(q);
+    }
+    let prim = it
+        .next()
+        .ok_or_else(|| internal(whole, "missing operand"))?;
+    let mut e = build_primary(prim, depth)?;
+    // Method calls and properties directly on the primary.
+    while let Some(q) = it.next_if(|q| matches!(q.as_rule(), Rule::method_call | Rule::property)) {
+        e = build_postfix(e, q, depth)?;
+    }
+    e = apply_prefixes(e, prefixes)?;
     for q in it {
         e = match q.as_rule() {
-            Rule::method_call => build_method(e, q, depth)?,
+            Rule::method_call | Rule::property => build_postfix(e, q, depth)?,
             Rule::cast => {
                 let sp = span_of(&q);
                 let mut c = Children::of(q);
@@ -777,6 +871,45 @@ fn build_operand(ps: Vec<Pair<'_, Rule>>, depth: u32, whole: Span) -> R<E> {
         };
     }
     Ok(e)
+}
+
+/// The only property: `.dtype`.
+pub const PROPERTIES: &[&str] = &["dtype"];
+
+/// A method call `x.f(args)`, or a property `x.dtype` (the call `dtype(x)`).
+fn build_postfix(recv: E, q: Pair<'_, Rule>, depth: u32) -> R<E> {
+    if q.as_rule() == Rule::method_call {
+        return build_method(recv, q, depth);
+    }
+    let sp = span_of(&q);
+    let func = ident(Children::of(q).expect(Rule::ident)?)?;
+    if !PROPERTIES.contains(&func.name.as_str()) {
+        return Err(Diagnostic::error(
+            ErrorCode::Syntax,
+            func.span,
+            format!("`.{}` is not a property", func.name),
+        )
+        .with_label_message("no such property")
+        .with_note("the only property is `.dtype` (the dtype of a tensor, tile or scalar)")
+        .with_note(format!(
+            "help: to call a function as a method, add the arguments: `.{}(...)`",
+            func.name
+        )));
+    }
+    let span = recv.e.span.to(sp);
+    let d = recv.depth + 1;
+    mk(
+        ExprKind::Call {
+            func,
+            args: vec![Arg {
+                name: None,
+                value: recv.e,
+            }],
+            method_syntax: true,
+        },
+        span,
+        d,
+    )
 }
 
 fn build_method(recv: E, q: Pair<'_, Rule>, depth: u32) -> R<E> {

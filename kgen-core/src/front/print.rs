@@ -34,6 +34,7 @@ fn print_kernel(out: &mut String, k: &Kernel) {
                 GenericKind::Bool => "bool",
                 GenericKind::DType => "dtype",
                 GenericKind::Float => "float",
+                GenericKind::FloatValue(d) => d.name(),
             };
             let _ = write!(out, "{}: {kind}", g.name.name);
             if let Some(d) = &g.default {
@@ -218,6 +219,7 @@ fn prec(op: BinOp) -> u8 {
         Shl | Shr => 7,
         Add | Sub => 8,
         Mul | Div | Rem => 9,
+        Pow => 10,
     }
 }
 
@@ -287,6 +289,28 @@ fn expr(out: &mut String, e: &Expr) {
             });
             let needed = !is_atom(operand) || is_method(operand);
             paren_if(out, operand, needed);
+        }
+        ExprKind::Binary {
+            op: BinOp::Pow,
+            lhs,
+            rhs,
+        } => {
+            // `**` groups to the right and binds tighter than prefix operators; a cast
+            // next to it needs parentheses.
+            let negative = match lhs.kind {
+                ExprKind::Int(v) => v < 0,
+                ExprKind::Float(v) => v.is_sign_negative(),
+                _ => false,
+            };
+            let l_needed = !is_atom(lhs) || negative;
+            paren_if(out, lhs, l_needed);
+            out.push_str(" ** ");
+            let r_needed = match &rhs.kind {
+                ExprKind::Binary { op, .. } => *op != BinOp::Pow,
+                ExprKind::Cast { .. } => true,
+                _ => false,
+            };
+            paren_if(out, rhs, r_needed);
         }
         ExprKind::Binary { op, lhs, rhs } => {
             let p = prec(*op);
@@ -412,7 +436,9 @@ mod tests {
     #[test]
     fn round_trips_tricky_expressions() {
         let src = r#"
-kernel k<A: int = 2 * (3 + 4), B: bool = true, T: dtype = f32>(x: tensor<T, [_, A * 2]>, s: f32) {
+kernel k<A: int = 2 * (3 + 4), B: bool = true, T: dtype = f32, EPS: bf16 = -1e-5>(x: tensor<T, [_, A * 2]>, s: f32) {
+    let p = -a ** 2 ** -b + (a ** b) ** 2 + (-a) ** 2 + (a as f32) ** 2.0 * a.sum(0) ** (1 + 1);
+    let q = cast(p, x.dtype) + dtype(p).lowest() + !(a ** b);
     let a = -(1 + 2) * 3 - (4 - 5) - -6;
     let b = (a < 3) == (a > 2) && !(a == 1 || false);
     let c = (a + 1) as f32 as i32 << 2 >> (1 + 1);

@@ -445,6 +445,93 @@ fn precedence_is_rusts() {
 }
 
 #[test]
+fn power_binds_tightest_groups_right_and_under_prefixes() {
+    let cases = [
+        ("a ** b", "(** a b)"),
+        ("a**b", "(** a b)"),
+        ("a ** b ** c", "(** a (** b c))"),
+        ("-x ** 2", "(neg (** x 2))"),
+        ("!x ** 2", "(not (** x 2))"),
+        ("2 ** -x", "(** 2 (neg x))"),
+        ("2 ** -x ** 2", "(** 2 (neg (** x 2)))"),
+        ("a * b ** c", "(* a (** b c))"),
+        ("a ** b * c", "(* (** a b) c)"),
+        ("-a * b ** c", "(* (neg a) (** b c))"),
+        ("(a ** b) ** c", "(** (** a b) c)"),
+        ("(-x) ** 2", "(** (neg x) 2)"),
+        ("x.sum(0) ** 2", "(** (.sum x 0) 2)"),
+        ("-x.sum(0) ** 2", "(neg (** (.sum x 0) 2))"),
+        ("a + b ** 2 < c", "(< (+ a (** b 2)) c)"),
+        ("a * *b", "(* a (* b))"),
+    ];
+    for (src, want) in cases {
+        if want.contains("(* b)") {
+            // `* *` with a space is not `**`: a syntax error, not a power.
+            assert!(parse(&file(&format!("kernel k() {{ let e = {src}; }}"))).is_err());
+            continue;
+        }
+        assert_eq!(ex(src), want, "{src}");
+    }
+}
+
+#[test]
+fn a_cast_next_to_a_power_needs_parentheses() {
+    for src in [
+        "x as f32 ** 2",
+        "2 ** x as f32",
+        "-x as f32 ** 2",
+        "a ** b ** c as i32",
+    ] {
+        let d = fail(&format!("kernel k() {{ let e = {src}; }}"));
+        assert_eq!(
+            d.0[0].message, "`as` cannot be mixed with `**` without parentheses",
+            "{src}"
+        );
+    }
+    assert_eq!(ex("(x as f32) ** 2"), "(** (as x f32) 2)");
+    assert_eq!(ex("(2 ** x) as f32"), "(as (** 2 x) f32)");
+}
+
+#[test]
+fn dtype_is_a_property_and_a_function() {
+    assert_eq!(ex("x.dtype"), "(.dtype x)");
+    assert_eq!(ex("x.dtype()"), "(.dtype x)");
+    assert_eq!(ex("dtype(x)"), "(dtype x)");
+    assert_eq!(ex("-x.dtype"), "(neg (.dtype x))");
+    assert_eq!(
+        ex("cast(y, load(t, [0], [4]).dtype)"),
+        "(cast y (.dtype (load t [0] [4])))"
+    );
+    assert_eq!(ex("x.reshape([4]).dtype"), "(.dtype (.reshape x [4]))");
+    // `a..b` (a range) and `x.f()` (a call) are not properties.
+    assert!(matches!(
+        body("for i in a..b { }").as_slice(),
+        [Stmt::For { .. }]
+    ));
+}
+
+#[test]
+fn float_value_generics() {
+    let m = ok("kernel k<EPS: f32 = 1e-5, H: f16 = 0.5, B: bf16 = -1, T: float = f32>() {}");
+    let kinds: Vec<GenericKind> = m.kernels[0].generics.iter().map(|g| g.kind).collect();
+    use crate::types::DType;
+    assert_eq!(
+        kinds,
+        [
+            GenericKind::FloatValue(DType::F32),
+            GenericKind::FloatValue(DType::F16),
+            GenericKind::FloatValue(DType::BF16),
+            GenericKind::Float
+        ]
+    );
+    let d = fail("kernel k<N: i32 = 3>() {}");
+    assert_eq!(
+        d.0[0].message,
+        "a compile-time parameter cannot have the dtype `i32`"
+    );
+}
+
+#[test]
 fn comparisons_do_not_chain() {
     for src in ["a < b < c", "a == b == c", "a < b > c", "a == b != c"] {
         let d = fail(&format!("kernel k() {{ let e = {src}; }}"));
@@ -784,6 +871,15 @@ snap!(
     "kernel k() {\n    let x = a < b < c;\n}\n"
 );
 snap!(err_bad_generic_kind, "kernel k<B: integer = 4>() {\n}\n");
+snap!(err_integer_dtype_generic, "kernel k<N: i32 = 4>() {\n}\n");
+snap!(
+    err_not_a_property,
+    "kernel k(x: tensor<f32, 1>) {\n    let n = x.shape;\n}\n"
+);
+snap!(
+    err_cast_in_a_power,
+    "kernel k() {\n    let y = 2 ** n as f32;\n}\n"
+);
 snap!(
     err_not_a_range,
     "kernel k() {\n    for i in n {\n    }\n}\n"

@@ -6,8 +6,8 @@
 //! Guarantees: operand kinds and shapes are checked (a mismatch is `InterpError::Malformed`,
 //! never a panic); results follow `ir::{UnaryOp, BinaryOp, CmpOp}`:
 //! - floats compute in f32 (IEEE, round to nearest even); f16/bf16 results are computed in
-//!   f32 and rounded to the dtype; transcendentals and `pow` are computed in f64 from the
-//!   f32 value and rounded once; `fma` is fused in f32 (one rounding), then f16/bf16
+//!   f32 and rounded to the dtype; transcendentals (`erf` included, by the `libm` crate)
+//!   and `pow` are computed in f64 from the f32 value and rounded once; `fma` is fused in f32 (one rounding), then f16/bf16
 //!   round to their dtype (as the GPU's `fma.rn.f32` + `cvt` does); integer `fma` wraps;
 //! - bool `min`/`max` are and/or;
 //! - float min/max ignore one NaN operand (both NaN → NaN), and order −0 below +0;
@@ -278,6 +278,7 @@ pub(crate) fn unary(op: UnaryOp, a: &Val) -> Result<Val, InterpError> {
                 }
                 UnaryOp::Sin => transcendental(x, f64::sin),
                 UnaryOp::Cos => transcendental(x, f64::cos),
+                UnaryOp::Erf => transcendental(x, libm::erf),
                 UnaryOp::Not => return Err(bad("not on floats".into())),
             };
             round_slice(a.dtype, &mut out);

@@ -20,10 +20,12 @@
 //!   `memory.rs` for the choices made where the IR docs are silent).
 //!
 //! Layout: `value.rs` (runtime values, casts), `eval.rs` (element-wise ops), `tile.rs`
-//! (shape ops, reductions, dot), `memory.rs` (argument checks, loads/stores/atomics).
+//! (shape ops, reductions, dot), `memory.rs` (argument checks, loads/stores/atomics),
+//! `fold.rs` (the element ops on single scalars, for the checker's constant folding).
 
 mod cluster;
 mod eval;
+mod fold;
 mod memory;
 mod tile;
 mod value;
@@ -36,6 +38,8 @@ mod tests_e2e;
 mod tests_mem;
 #[cfg(test)]
 mod tests_tile;
+
+pub(crate) use fold::{fold_binary, fold_cast, fold_compare, fold_unary};
 
 use crate::host::ArgValue;
 use crate::ir::{Block, Function, Op, ParamKind, ValueId};

@@ -76,7 +76,7 @@ const SOFTMAX: &str = r#"
 kernel softmax<BLOCK: int = 1024>(x: tensor<f32, 2, contiguous>, y: tensor<f32, 2, contiguous>) {
     let row = bid(0);
     let xt = load(x, [row, 0], [1, BLOCK], pad = -inf).reshape([BLOCK]);
-    let e = exp(xt - max(xt, 0));
+    let e = exp(xt - max(xt, axis = 0));
     store(y, [row, 0], (e / sum(e, 0)).reshape([1, BLOCK]));
 }
 "#;
@@ -189,9 +189,9 @@ const CLUSTER_MAX: &str = r#"
 kernel cluster_max<C: int = 4>(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>, z: tensor<i32, 1, contiguous>) {
     let b = bid(0);
     let t = load(x, [b], [256]);
-    let all = cluster_gather(max(t, 0), C);
+    let all = cluster_gather(max(t, axis = 0), C);
     let ranks = cluster_gather(b % C, C);
-    store(y, [b], full([1], max(all, 0)));
+    store(y, [b], full([1], max(all, axis = 0)));
     store(z, [b], full([1], sum(ranks * (arange(0, C) + 1), 0)));
 }
 "#;

@@ -171,6 +171,9 @@ pub enum UnaryOp {
     Cos,
     Floor,
     Ceil,
+    /// The error function, floats only. The GPU evaluates a minimax polynomial in f32
+    /// (within 2 ulp); the interpreter is exact (f64, rounded once).
+    Erf,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -196,7 +199,9 @@ pub enum BinaryOp {
     /// PTX `shl`/`shr`.
     Shl,
     Shr,
-    /// `pow(x, y)` for floats.
+    /// `pow(x, y)` for floats: C's `powf` (`pow(x, 0) = 1`; a negative base gives NaN
+    /// unless `y` is an integer). Integer powers never reach the IR: the checker expands
+    /// a constant integer exponent into multiplications.
     Pow,
     /// `fdiv(x, y)` for floats: `x / y` within 2 ulp (PTX `div.full.f32`, what Triton's
     /// `/` gives), not correctly rounded. The interpreter divides correctly rounded,

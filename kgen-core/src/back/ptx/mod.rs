@@ -27,6 +27,8 @@ pub mod writer;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_erf;
+#[cfg(test)]
 mod tests_gather;
 #[cfg(test)]
 mod tests_rounding;

@@ -1043,9 +1043,9 @@ fn cluster_gathers_share_one_exchange_through_distributed_shared_memory() {
         r#"
 kernel two(x: tensor<f32, 1, contiguous>, y: tensor<f32, 1, contiguous>) {
     let t = load(x, [bid(0)], [1024]);
-    let ms = cluster_gather(max(t, 0), 8);
+    let ms = cluster_gather(max(t, axis = 0), 8);
     let ss = cluster_gather(sum(t, 0), 8);
-    store(y, [bid(0)], full([1], max(ms, 0) + sum(ss, 0)));
+    store(y, [bid(0)], full([1], max(ms, axis = 0) + sum(ss, 0)));
 }
 "#,
         4,

@@ -189,7 +189,7 @@ kernel sm(x: tensor<f32, 2, contiguous>, y: tensor<f32, 2, contiguous>) {
     let mask = cols < shape(x, 1);
     let rows = full([512], row, i32);
     let v = gather(x, [rows, cols], mask = MASK, other = -inf);
-    let e = exp(v - max(v, 0));
+    let e = exp(v - max(v, axis = 0));
     scatter(y, [rows, cols], e / sum(e, 0), mask = mask);
 }
 "#;

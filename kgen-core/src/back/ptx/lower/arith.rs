@@ -8,7 +8,8 @@
 //! instructions (`ex2.approx.ftz.f32` with a multiply by log2(e) for `exp`, `exp2` and
 //! `sigmoid`: results below 2^-126 are 0, which saves ptxas's three-instruction subnormal
 //! fix-up around every `ex2`; `lg2.approx.f32`, `tanh.approx.f32`, `rsqrt.approx.f32`,
-//! `sin/cos.approx.f32`); `sqrt.rn.f32`; float→int `cvt.rzi` (saturating, NaN → 0);
+//! `sin/cos.approx.f32`); `erf` is two minimax polynomials (`fma.rn.f32`) and one
+//! `ex2.approx` (within 2 ulp); `sqrt.rn.f32`; float→int `cvt.rzi` (saturating, NaN → 0);
 //! int→int wraps.
 
 use super::{class_of, unsupported, Lowerer, R};
@@ -20,6 +21,40 @@ use std::collections::HashMap;
 
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 const LN_2: f32 = std::f32::consts::LN_2;
+
+/// `erf(x)` for `|x| < ERF_SPLIT` is `x + x * P(x^2)`, where `P` (these coefficients,
+/// lowest degree first) is a minimax fit to `erf(x)/x - 1` over `[0, 1]` in relative
+/// error (1.2e-9). `tools/erf_fit.py` derives both tables and checks their f32 evaluation
+/// (1.07 ulp at worst with an exact `exp2`; `ex2.approx` adds below 1 ulp).
+pub(crate) const ERF_SMALL: [f32; 7] = [
+    0.12837917,
+    -0.37612626,
+    0.112835854,
+    -0.026853818,
+    0.005188338,
+    -0.00080102764,
+    7.8541125e-05,
+];
+/// For `ERF_SPLIT <= |x| <= ERF_CLAMP`, `erfc(|x|) = 2^Q(|x|)`, where `Q` (these
+/// coefficients, lowest degree first) is a minimax fit to `log2(erfc(a))` over
+/// `[1, 3.92]` in absolute error (6.5e-9); beyond 3.92, `1 - erfc` rounds to 1 in f32.
+pub(crate) const ERF_LARGE: [f32; 10] = [
+    0.00053879124,
+    -1.6309378,
+    -0.91082555,
+    -0.15960427,
+    0.038670138,
+    -0.0071154535,
+    0.0009334677,
+    -7.962822e-05,
+    3.7231525e-06,
+    -6.0920634e-08,
+];
+/// Where the two `erf` polynomials meet.
+pub(crate) const ERF_SPLIT: f32 = 1.0;
+/// `|x|` is clamped here before the second polynomial (which leaves its fitted range
+/// only where the result is 1 anyway).
+pub(crate) const ERF_CLAMP: f32 = 4.0;
 
 /// The PTX integer type suffix for `dt`.
 pub fn int_ty(dt: DType) -> &'static str {
@@ -191,6 +226,7 @@ impl Lowerer<'_> {
             }
             UnaryOp::Sin => self.f("sin.approx.f32", vec![x]),
             UnaryOp::Cos => self.f("cos.approx.f32", vec![x]),
+            UnaryOp::Erf => self.erf(a),
         };
         Ok(self.round_to(r, dt))
     }
@@ -325,6 +361,39 @@ impl Lowerer<'_> {
             vec![b.into(), Operand::F32(0.0)],
         );
         self.f("selp.f32", vec![Operand::F32(1.0), s.into(), b0.into()])
+    }
+
+    /// Horner's scheme with `fma.rn.f32`: `c[0] + x * (c[1] + x * (...))`.
+    fn horner(&mut self, coeffs: &[f32], x: Reg) -> Reg {
+        let Some((&top, rest)) = coeffs.split_last() else {
+            return self.f("mov.f32", vec![Operand::F32(0.0)]);
+        };
+        let mut acc = self.f("mov.f32", vec![Operand::F32(top)]);
+        for &c in rest.iter().rev() {
+            acc = self.f("fma.rn.f32", vec![acc.into(), x.into(), Operand::F32(c)]);
+        }
+        acc
+    }
+
+    /// `erf(x)` in f32, branch-free (within 2 ulp, the hardware's `ex2.approx` included):
+    /// `x + x * P(x^2)` below [`ERF_SPLIT`] (and for NaN, which the unordered compare sends
+    /// there), else `copysign(1 - 2^Q(min(|x|, ERF_CLAMP)), x)`.
+    fn erf(&mut self, x: Reg) -> Reg {
+        let a = self.f("abs.f32", vec![x.into()]);
+        let small = self.op1(
+            RegClass::Pred,
+            "setp.ltu.f32",
+            vec![a.into(), Operand::F32(ERF_SPLIT)],
+        );
+        let s = self.f("mul.rn.f32", vec![x.into(), x.into()]);
+        let p = self.horner(&ERF_SMALL, s);
+        let near = self.f("fma.rn.f32", vec![x.into(), p.into(), x.into()]);
+        let ac = self.f("min.f32", vec![a.into(), Operand::F32(ERF_CLAMP)]);
+        let q = self.horner(&ERF_LARGE, ac);
+        let erfc = self.f("ex2.approx.ftz.f32", vec![q.into()]);
+        let one_minus = self.f("sub.rn.f32", vec![Operand::F32(1.0), erfc.into()]);
+        let far = self.f("copysign.f32", vec![x.into(), one_minus.into()]);
+        self.f("selp.f32", vec![near.into(), far.into(), small.into()])
     }
 
     /// A comparison; `dt` is the operands' dtype. NaN compares unequal (`setp.neu`).

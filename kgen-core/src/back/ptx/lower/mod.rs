@@ -15,7 +15,7 @@
 //! replica predicates, tensor pointers) goes to a prologue, so it is available in every
 //! region.
 
-mod arith;
+pub(crate) mod arith;
 mod cluster;
 mod memory;
 mod mma;
