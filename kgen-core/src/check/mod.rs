@@ -15,6 +15,7 @@
 //! - `consteval.rs`: compile-time constants and checked folding;
 //! - `types.rs`: dtype rules (literal adaptation, unification, casts), kind checks;
 //! - `shapes.rs`: broadcasting, tile-shape rules, shape builtins and reductions;
+//! - `scan.rs`: `cumsum` and the other scans;
 //! - `expr.rs`: expressions and operators;
 //! - `builtins.rs`: the builtin table, argument matching, value builtins;
 //! - `memory.rs`: `load`/`store`/`gather`/`scatter`/`atomic_add`/`dot`;
@@ -26,6 +27,7 @@ mod builtins;
 mod consteval;
 mod expr;
 mod memory;
+mod scan;
 mod scope;
 mod scratch;
 mod shapes;
@@ -37,6 +39,8 @@ mod tests;
 mod tests_errors;
 #[cfg(test)]
 mod tests_robust;
+#[cfg(test)]
+mod tests_scan;
 mod types;
 
 pub(crate) use consteval::{scalar_const, wrap_int};

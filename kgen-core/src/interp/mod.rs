@@ -18,11 +18,13 @@
 //!   `memory.rs` for the choices made where the IR docs are silent).
 //!
 //! Layout: `value.rs` (runtime values, casts), `eval.rs` (element-wise ops), `tile.rs`
-//! (shape ops, reductions, dot), `memory.rs` (argument checks, loads/stores/atomics).
+//! (shape ops, reductions, dot), `scan.rs` (cumsum and the other scans), `memory.rs`
+//! (argument checks, loads/stores/atomics).
 
 mod cluster;
 mod eval;
 mod memory;
+mod scan;
 mod tile;
 mod value;
 
@@ -32,6 +34,8 @@ mod tests;
 mod tests_e2e;
 #[cfg(test)]
 mod tests_mem;
+#[cfg(test)]
+mod tests_scan;
 #[cfg(test)]
 mod tests_tile;
 
@@ -678,6 +682,13 @@ impl Machine<'_> {
                 eval::cast_val(&*self.get(*a)?, d)?
             }
             Op::Reduce { op, value, axis } => tile::reduce(*op, &*self.get(*value)?, *axis)?,
+            Op::Scan {
+                op,
+                value,
+                axis,
+                reverse,
+                exclusive,
+            } => scan::scan(*op, &*self.get(*value)?, *axis, *reverse, *exclusive)?,
             Op::ScratchLoad { buf, slot } => {
                 let (d, s) = self.result_type(results)?;
                 let k = self.scratch_slot(*buf, *slot)?;

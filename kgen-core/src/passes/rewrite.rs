@@ -21,6 +21,7 @@ pub(super) fn operands_mut(op: &mut Op) -> Vec<&mut ValueId> {
         | Op::Unary(_, v)
         | Op::Cast(v)
         | Op::Reduce { value: v, .. }
+        | Op::Scan { value: v, .. }
         | Op::ClusterGather { value: v, .. }
         | Op::ScratchLoad { slot: v, .. } => vec![v],
         Op::ScratchStore { slot, value, .. } => vec![slot, value],
