@@ -56,7 +56,18 @@ impl Checker<'_> {
         .with_note(
             "a scan combines with a built-in op; there are no user-defined combine functions",
         );
-        if let Some(s) = super::scope::closest(given, &names) {
+        // The names other libraries use for the same ops (torch.cumsum, numpy).
+        let alias = match given {
+            "sum" | "plus" => Some("add"),
+            "prod" | "product" | "times" => Some("mul"),
+            "maximum" => Some("max"),
+            "minimum" => Some("min"),
+            _ => None,
+        };
+        if let Some(s) = alias
+            .map(str::to_string)
+            .or_else(|| super::scope::closest(given, &names))
+        {
             d = d.with_note(format!("help: did you mean `{s}`?"));
         }
         self.push(d);
@@ -137,7 +148,7 @@ impl Checker<'_> {
                 Diagnostic::error(
                     ErrorCode::TypeMismatch,
                     x.1,
-                    format!("{what} needs {need}, found a `{d}` tile"),
+                    format!("{what} needs {need}, found `{d}`"),
                 )
                 .with_label_message(format!("this is a `{d}` tile"))
                 .with_note(help),

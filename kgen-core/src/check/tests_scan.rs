@@ -113,13 +113,13 @@ fn errors() {
             format!("{t} let s = cumsum(t > 0.0, 1);"),
             ErrorCode::TypeMismatch,
             "t > 0.0",
-            "`cumsum` needs numbers, found a `bool` tile",
+            "`cumsum` needs numbers, found `bool`",
         ),
         (
             format!("{t} let s = scan(t, 1, combine = xor);"),
             ErrorCode::TypeMismatch,
             "t",
-            "`scan` with `combine = xor` needs integers or bool, found a `f32` tile",
+            "`scan` with `combine = xor` needs integers or bool, found `f32`",
         ),
         (
             format!("{t} let s = cumsum(t, 2);"),
