@@ -26,6 +26,7 @@ pub mod relu;
 pub mod rmsnorm;
 pub mod rng;
 pub mod rope;
+pub mod scan;
 pub mod softmax;
 pub mod sources;
 pub mod sumsq;
@@ -170,6 +171,7 @@ pub fn all_cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     v.extend(cross_entropy::cases(seed, sizes));
     v.extend(optim::cases(seed, sizes));
     v.extend(matmul::cases(seed, sizes));
+    v.extend(scan::cases(seed, sizes));
     v
 }
 
