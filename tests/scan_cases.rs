@@ -26,9 +26,9 @@ fn every_scan_case_assembles_without_spills() {
             };
             let Some(p) = &ptxas else { continue };
             match common::assemble(p, &k.ptx, arch.name(), &k.entry) {
-                Ok(r) if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 => {
-                    failures.push(format!("{} {arch}: local memory used:\n{}", case.label, r.raw))
-                }
+                Ok(r) if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 => failures.push(
+                    format!("{} {arch}: local memory used:\n{}", case.label, r.raw),
+                ),
                 Ok(_) => {}
                 Err(e) => failures.push(format!("{} {arch}: ptxas:\n{e}", case.label)),
             }

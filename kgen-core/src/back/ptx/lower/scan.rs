@@ -12,9 +12,13 @@
 //!   values) on the totals: each step takes the partner's total and, in the upper half,
 //!   adds it to the exclusive prefix; it works for lane bits in any order, which
 //!   `shfl.up` (Hillis–Steele along the lane id) does not;
-//! - warps: every thread stores its totals in shared memory at (digit value, group) and,
-//!   after one barrier pair, reads the 2^m totals of its groups and takes the prefix
-//!   of the digits below its own (a runtime value: predicated selects).
+//! - warps: one shared-memory exchange (one barrier pair). Each thread stores its
+//!   totals at (digit value, group) as soon as they are final (during the digit below).
+//!   Where m lanes hold no bit of a group (the usual case: a row's lanes hold the axis
+//!   below the warps), lane `u` of each group reads digit value `u`'s total, a butterfly
+//!   over those lanes scans them, and `shfl.sync.idx` brings each thread the prefix of
+//!   its own digit value: one load and a few shuffles per total. Otherwise every thread
+//!   reads all 2^m totals and picks its prefix with a tree of selects on its warp bits.
 //!
 //! Each element then combines that digit's exclusive prefix into its scan. `reverse`
 //! reads every digit from the top; `exclusive` starts each element's scan empty instead
@@ -145,8 +149,8 @@ fn gather(r: usize, js: &[u32]) -> usize {
 }
 
 /// The scan across the lanes that differ in the bits `lanes` (the lowest digit bit
-/// first) of a value `t` each holds: returns this lane's exclusive prefix (`None`: the
-/// identity, where nothing comes before) and leaves the total of them all in `t`.
+/// first) of a value `t` each holds: returns this lane's exclusive prefix (`None` only
+/// for no lanes: the identity) and leaves the total of them all in `t`.
 fn butterfly<S: Simt>(s: &mut S, t: &mut S::V, lanes: &[u32], reverse: bool) -> Option<S::V> {
     let mut e: Option<S::V> = None;
     for &h in lanes {
@@ -808,23 +812,19 @@ impl Lowerer<'_> {
             .ok_or_else(|| unsupported(span, "scan layout does not cover the axis"))?;
         // An exclusive scan folds from the start value: where that is not an exact
         // identity (float add, max, min), every result is combined with it once.
-        let start = ptx.start();
         let fold_start = exclusive && cdt.is_float() && op != ScanOp::Mul;
-        let mut start_reg = None;
+        let start = exclusive.then(|| {
+            let c = ptx.start();
+            ptx.constant(c)
+        });
         let mut out = Vec::with_capacity(scanned.len());
         for v in scanned {
-            let s = match start_reg {
-                Some(s) => s,
-                None => {
-                    let s = ptx.constant(start.clone());
-                    start_reg = Some(s);
-                    s
-                }
-            };
-            out.push(match v {
-                None => s,
-                Some(v) if fold_start => ptx.combine(s, v),
-                Some(v) => v,
+            out.push(match (v, start) {
+                (Some(v), Some(s)) if fold_start => ptx.combine(s, v),
+                (Some(v), _) => v,
+                (None, Some(s)) => s,
+                // Only an exclusive scan has empty elements.
+                (None, None) => return Err(unsupported(span, "an empty inclusive scan")),
             });
         }
         let rounds = matches!(op, ScanOp::Add | ScanOp::Mul) && dt.is_half();
