@@ -575,3 +575,48 @@ fn port_features_match_kg() {
         assert_eq!(m.ptx, kg.ptx);
     }
 }
+
+/// Scans in both front ends: `combine = ...` names an op, `reverse` / `exclusive` take
+/// constants (a generic too).
+#[kgen::kernel]
+fn scans<const EXCL: bool = true>(
+    x: Tensor<f32, 2, Contiguous>,
+    n: Tensor<i32, 2, Contiguous>,
+    y: Tensor<f32, 2, Contiguous>,
+    m: Tensor<i32, 2, Contiguous>,
+) {
+    let t = load(x, [bid(0), 0], [4, 300]);
+    let c = cumsum(t, 1) + t.cummax(0, reverse = true) + cumprod(t, axis = 1, exclusive = EXCL);
+    store(
+        y,
+        [bid(0), 0],
+        c + scan(t, 1, combine = min, reverse = true, exclusive = false),
+    );
+    let k = load(n, [bid(0), 0], [4, 300]);
+    let b = scan(k > 0, 1, combine = xor) as i32;
+    store(
+        m,
+        [bid(0), 0],
+        scan(k, 1, combine = and) + cummin(k, 0, exclusive = true) + b,
+    );
+}
+
+const SCANS_KG: &str = "
+kernel scans<EXCL: bool = true>(x: tensor<f32, 2, contiguous>, n: tensor<i32, 2, contiguous>, y: tensor<f32, 2, contiguous>, m: tensor<i32, 2, contiguous>) {
+    let t = load(x, [bid(0), 0], [4, 300]);
+    let c = cumsum(t, 1) + t.cummax(0, reverse = true) + cumprod(t, axis = 1, exclusive = EXCL);
+    store(y, [bid(0), 0], c + scan(t, 1, combine = min, reverse = true, exclusive = false));
+    let k = load(n, [bid(0), 0], [4, 300]);
+    let b = scan(k > 0, 1, combine = xor) as i32;
+    store(m, [bid(0), 0], scan(k, 1, combine = and) + cummin(k, 0, exclusive = true) + b);
+}
+";
+
+#[test]
+fn scans_match_kg() {
+    assert_macro_matches_kg(SCANS_KG, scans::ptx, "shfl.sync.bfly.b32");
+    assert_eq!(
+        ast_without_spans("macro", scans::SOURCE),
+        ast_without_spans("kg", SCANS_KG)
+    );
+}

@@ -28,6 +28,7 @@ pub mod relu;
 pub mod rmsnorm;
 pub mod rng;
 pub mod rope;
+pub mod scan;
 pub mod softmax;
 pub mod sources;
 pub mod sumsq;
@@ -176,6 +177,7 @@ pub fn all_cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     v.extend(matmul::cases(seed, sizes));
     v.extend(gemm::cases(seed, sizes));
     v.extend(lang::cases(seed, sizes));
+    v.extend(scan::cases(seed, sizes));
     v
 }
 

@@ -1,7 +1,7 @@
 //! Built-in functions: one table of names and signatures, argument matching (positional
 //! and keyword), the ambiguous `max(t, 0)` refused, and the value builtins (indexing and
 //! creation, casts, `cluster_gather`). Math is in `math.rs`, `dtype`/`lowest`/`highest`
-//! in `consteval.rs`, shape builtins, reductions and `item` in `shapes.rs`, memory
+//! in `consteval.rs`, shape builtins, reductions and `item` in `shapes.rs`, scans in `scan.rs`, memory
 //! access and `dot` in `memory.rs`.
 //!
 //! Assumes: calls arrive with unevaluated arguments (method syntax already desugared to
@@ -90,6 +90,16 @@ const BUILTINS: &[Builtin] = &[
     b("sum", &["x", "axis"], 1, &[]),
     b("argmax", &["x", "axis"], 1, &[]),
     b("argmin", &["x", "axis"], 1, &[]),
+    b("cumsum", &["x", "axis"], 1, &["reverse", "exclusive"]),
+    b("cumprod", &["x", "axis"], 1, &["reverse", "exclusive"]),
+    b("cummax", &["x", "axis"], 1, &["reverse", "exclusive"]),
+    b("cummin", &["x", "axis"], 1, &["reverse", "exclusive"]),
+    b(
+        "scan",
+        &["x", "axis"],
+        1,
+        &["combine", "reverse", "exclusive"],
+    ),
     b(
         "load",
         &["tensor", "index", "shape"],
@@ -161,6 +171,8 @@ pub(crate) struct Args {
     pub kw: Vec<(String, Ev, Span)>,
     /// `eviction_policy = evict_...` (a name, not an expression: not in `kw`).
     pub eviction: Eviction,
+    /// `combine = add` of `scan` (a name too; see `scan.rs`).
+    pub combine: Option<crate::ir::ScanOp>,
     /// The span of the whole call (for arguments that are absent).
     pub span: Span,
 }
@@ -211,8 +223,24 @@ impl Checker<'_> {
         let mut kw: Vec<(String, Ev, Span)> = Vec::new();
         let mut ok = true;
         let mut eviction: Option<Eviction> = None;
+        let mut combine = None;
         for a in args {
             if let Some(k) = &a.name {
+                if k.name == super::scan::COMBINE_KW && sig.keywords.contains(&k.name.as_str()) {
+                    if combine.is_some() {
+                        self.error(
+                            ErrorCode::BadArguments,
+                            k.span,
+                            format!("argument `{}` given twice", k.name),
+                        );
+                        ok = false;
+                    }
+                    match self.scan_combine(&a.value) {
+                        Some(c) => combine = Some(c),
+                        None => ok = false,
+                    }
+                    continue;
+                }
                 if k.name == EVICTION_KW && sig.keywords.contains(&EVICTION_KW) {
                     if eviction.is_some() {
                         self.error(
@@ -332,6 +360,7 @@ impl Checker<'_> {
             pos,
             kw,
             eviction: eviction.unwrap_or_default(),
+            combine,
             span,
         };
         self.builtin(name, &a, span)
@@ -475,6 +504,7 @@ impl Checker<'_> {
             "sum" => self.reduce(ReduceOp::Sum, a.p(0), a.pos.get(1).cloned(), span),
             "argmax" => self.reduce(ReduceOp::ArgMax, a.p(0), a.pos.get(1).cloned(), span),
             "argmin" => self.reduce(ReduceOp::ArgMin, a.p(0), a.pos.get(1).cloned(), span),
+            "cumsum" | "cumprod" | "cummax" | "cummin" | "scan" => self.scan_builtin(name, a, span),
             "load" => self.load(a, span),
             "store" => self.store(a, span),
             "gather" | "scatter" | "atomic_add" => self.indexed(name, a, span),

@@ -15,6 +15,7 @@
 //! - `consteval.rs`: compile-time constants and checked folding, typed constants;
 //! - `types.rs`: dtype rules (literal adaptation, unification, casts), kind checks;
 //! - `shapes.rs`: broadcasting, tile-shape rules, shape builtins and reductions;
+//! - `scan.rs`: `cumsum` and the other scans;
 //! - `expr.rs`: expressions and operators;
 //! - `builtins.rs`: the builtin table, argument matching, value builtins;
 //! - `math.rs`: element-wise math (`exp` ... `erf`, `min`/`max`, `maximum`, `where`,
@@ -30,6 +31,7 @@ mod consteval;
 mod expr;
 mod math;
 mod memory;
+mod scan;
 mod scope;
 mod scratch;
 mod shapes;
@@ -41,6 +43,8 @@ mod tests;
 mod tests_errors;
 #[cfg(test)]
 mod tests_robust;
+#[cfg(test)]
+mod tests_scan;
 #[cfg(test)]
 mod tests_values;
 mod types;

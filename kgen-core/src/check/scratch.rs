@@ -178,6 +178,7 @@ impl Checker<'_> {
             pos: a.pos.get(2..).map(<[_]>::to_vec).unwrap_or_default(),
             kw: a.kw.clone(),
             eviction: a.eviction,
+            combine: None,
             span,
         };
         let Some((_, tp)) = self.tensor_arg(&gather_args.p(0)) else {

@@ -20,13 +20,15 @@
 //!   `memory.rs` for the choices made where the IR docs are silent).
 //!
 //! Layout: `value.rs` (runtime values, casts), `eval.rs` (element-wise ops), `tile.rs`
-//! (shape ops, reductions, dot), `memory.rs` (argument checks, loads/stores/atomics),
-//! `fold.rs` (the element ops on single scalars, for the checker's constant folding).
+//! (shape ops, reductions, dot), `scan.rs` (cumsum and the other scans), `memory.rs`
+//! (argument checks, loads/stores/atomics), `fold.rs` (the element ops on single scalars,
+//! for the checker's constant folding).
 
 mod cluster;
 mod eval;
 mod fold;
 mod memory;
+mod scan;
 mod tile;
 mod value;
 
@@ -36,6 +38,8 @@ mod tests;
 mod tests_e2e;
 #[cfg(test)]
 mod tests_mem;
+#[cfg(test)]
+mod tests_scan;
 #[cfg(test)]
 mod tests_tile;
 
@@ -693,6 +697,13 @@ impl Machine<'_> {
                 eval::cast_val(&*self.get(*a)?, d)?
             }
             Op::Reduce { op, value, axis } => tile::reduce(*op, &*self.get(*value)?, *axis)?,
+            Op::Scan {
+                op,
+                value,
+                axis,
+                reverse,
+                exclusive,
+            } => scan::scan(*op, &*self.get(*value)?, *axis, *reverse, *exclusive)?,
             Op::ScratchLoad { buf, slot } => {
                 let (d, s) = self.result_type(results)?;
                 let k = self.scratch_slot(*buf, *slot)?;

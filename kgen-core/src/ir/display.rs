@@ -203,6 +203,19 @@ impl Printer<'_> {
                 format!("{op:?}").to_lowercase(),
                 u(self, value)
             ),
+            Op::Scan {
+                op,
+                value,
+                axis,
+                reverse,
+                exclusive,
+            } => format!(
+                "scan.{} {}, axis {axis}{}{}",
+                op.name(),
+                u(self, value),
+                if *reverse { ", reverse" } else { "" },
+                if *exclusive { ", exclusive" } else { "" }
+            ),
             Op::ScratchLoad { buf, slot } => {
                 format!("scratch_load #{buf}[{}]", u(self, slot))
             }

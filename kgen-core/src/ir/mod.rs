@@ -231,6 +231,65 @@ pub enum ReduceOp {
     ArgMin,
 }
 
+/// The combine operation of a scan (`Op::Scan`): `cumsum` is `Add`, `cumprod` `Mul`,
+/// `cummax` `Max`, `cummin` `Min`; `scan(x, axis, combine = and | or | xor)` the rest.
+/// Every one is associative and commutative, so a scan may combine in any order (the
+/// GPU combines in a tree; float `Add` and `Mul` then round differently from a
+/// left-to-right loop, within the usual summation error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScanOp {
+    /// Integers wrap; f16/bf16 accumulate in f32 and round each result once.
+    Add,
+    /// Integers wrap; f16/bf16 accumulate in f32 and round each result once.
+    Mul,
+    /// `BinaryOp::Max`'s rule: NaN elements are skipped (a prefix of NaNs only is NaN).
+    Max,
+    Min,
+    /// Bitwise on integers, logical on bool.
+    And,
+    Or,
+    Xor,
+}
+
+impl ScanOp {
+    pub const ALL: [ScanOp; 7] = [
+        ScanOp::Add,
+        ScanOp::Mul,
+        ScanOp::Max,
+        ScanOp::Min,
+        ScanOp::And,
+        ScanOp::Or,
+        ScanOp::Xor,
+    ];
+
+    /// The spelling in source (`combine = add`) and in the IR text (`scan.add`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ScanOp::Add => "add",
+            ScanOp::Mul => "mul",
+            ScanOp::Max => "max",
+            ScanOp::Min => "min",
+            ScanOp::And => "and",
+            ScanOp::Or => "or",
+            ScanOp::Xor => "xor",
+        }
+    }
+
+    /// The op named `name` in source, if any.
+    pub fn from_name(name: &str) -> Option<ScanOp> {
+        ScanOp::ALL.into_iter().find(|o| o.name() == name)
+    }
+
+    /// Whether the op applies to elements of `dtype`: `add`, `mul`, `max`, `min` to
+    /// numbers, `and`, `or`, `xor` to integers and bool.
+    pub fn accepts(self, dtype: DType) -> bool {
+        match self {
+            ScanOp::Add | ScanOp::Mul | ScanOp::Max | ScanOp::Min => dtype != DType::Bool,
+            ScanOp::And | ScanOp::Or | ScanOp::Xor => !dtype.is_float(),
+        }
+    }
+}
+
 /// The two halves of a programmatic dependent launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GridDependency {
@@ -299,6 +358,20 @@ pub enum Op {
         op: ReduceOp,
         value: ValueId,
         axis: u8,
+    },
+    /// `cumsum(value, axis)` and the other scans: the result (the operand's type) holds
+    /// at position `i` along `axis` the combination by `op` of the operand's elements
+    /// `0..=i` along that axis (`reverse`: `i..n`). `exclusive` leaves element `i`
+    /// itself out and starts from the op's start value instead: 0 for `Add`, 1 for
+    /// `Mul`, -inf / +inf for float `Max` / `Min` (the lowest / highest value for
+    /// integers), all ones (true) for `And`, 0 (false) for `Or` and `Xor`. See
+    /// [`ScanOp`] for the arithmetic (dtypes, rounding, NaN).
+    Scan {
+        op: ScanOp,
+        value: ValueId,
+        axis: u8,
+        reverse: bool,
+        exclusive: bool,
     },
     /// cuTile-style tile load. `index[d]` is an `i32` scalar tile coordinate; the tile
     /// covers elements `index[d]*shape[d] .. +shape[d]` (shape = result shape, same rank

@@ -140,7 +140,7 @@ pub fn props(op: &Op) -> OpProps {
         Op::Broadcast(_) | Op::Reshape(_) | Op::ExpandDims(..) | Op::Permute(..) => {
             (C::Shape, Effects::NONE)
         }
-        Op::Reduce { .. } => (C::AxisCombine, Effects::NONE),
+        Op::Reduce { .. } | Op::Scan { .. } => (C::AxisCombine, Effects::NONE),
         Op::Dot { .. } => (C::Contraction, Effects::NONE),
         Op::Load { .. } | Op::Gather { .. } | Op::ScratchLoad { .. } => (C::Memory, Effects::READS),
         Op::Store { .. } | Op::Scatter { .. } | Op::ScratchStore { .. } => {
@@ -179,6 +179,7 @@ macro_rules! walk_operands {
             | Op::Unary(_, v)
             | Op::Cast(v)
             | Op::Reduce { value: v, .. }
+            | Op::Scan { value: v, .. }
             | Op::ClusterGather { value: v, .. }
             | Op::ScratchLoad { slot: v, .. } => $f(v),
             Op::ScratchStore { slot, value, .. } => {

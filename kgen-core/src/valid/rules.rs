@@ -245,6 +245,19 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             ensure(r == want, || format!("reduce result {r}, expected {want}"))?;
             ensure(a.dtype() != DType::Bool, || "reduce of bool".into())
         }
+        Op::Scan {
+            op, value, axis, ..
+        } => {
+            let (a, r) = (ty(value), res_ty()?);
+            let s = a.shape().ok_or("scan of a scalar")?;
+            ensure((*axis as usize) < s.rank(), || {
+                format!("axis {axis} ≥ rank {}", s.rank())
+            })?;
+            ensure(r == a, || format!("scan result {r}, expected {a}"))?;
+            ensure(op.accepts(a.dtype()), || {
+                format!("scan.{} of {}", op.name(), a.dtype())
+            })
+        }
         Op::ScratchLoad { buf, slot } => {
             let want = scratch_slot_type(func, *buf, &ty(slot))?;
             let r = res_ty()?;

@@ -15,9 +15,10 @@
 //!   warps last. Unit dims do not count, so `[1, N]` and `[N]` agree.
 //! - Element-wise results take the layout of their first operand that is not a splat or
 //!   constant (those can be re-materialized in any layout for free).
-//! - Reductions give `Slice`; `expand_dims` of a `Slice` gives back its parent, and
-//!   broadcast / permute / reshape keep the source's distribution when they can
-//!   (preferring the default layout of the result shape when that is equally free).
+//! - Reductions give `Slice`; scans keep their operand's layout; `expand_dims` of a
+//!   `Slice` gives back its parent, and broadcast / permute / reshape keep the source's
+//!   distribution when they can (preferring the default layout of the result shape when
+//!   that is equally free).
 //! - Loop-carried values take the layout of their initial value, unless that is a
 //!   constant or splat: then they take the layout the body yields (one re-run).
 //! - A load used only by a broadcast (through casts / negations) takes the broadcast
@@ -466,6 +467,9 @@ impl Assigner<'_> {
                 parent: Box::new(self.out.layout(*value)),
                 dim: *axis,
             },
+            // A scan moves nothing between positions: the result keeps the operand's
+            // distribution (the lowering works in any layout).
+            Op::Scan { value, .. } => self.follow(&[*value], &rshape),
             Op::Broadcast(v) => {
                 let w = layout::broadcast_weights(&self.shape(*v), &rshape);
                 let named = self.out.layout(*v);

@@ -33,6 +33,8 @@ mod tests_gather;
 #[cfg(test)]
 mod tests_rounding;
 #[cfg(test)]
+mod tests_scan;
+#[cfg(test)]
 mod tests_scratch;
 
 use crate::abi::{

@@ -199,7 +199,7 @@ impl Lowerer<'_> {
     }
 
     /// `v` of lane `src` (all lanes take part).
-    fn shuffle_idx(&mut self, v: Reg, src: Operand) -> Reg {
+    pub(super) fn shuffle_idx(&mut self, v: Reg, src: Operand) -> Reg {
         if v.class == RegClass::B64 {
             let (lo, hi) = (self.reg(RegClass::B32), self.reg(RegClass::B32));
             self.emit("mov.b64", vec![Operand::Vec(vec![lo, hi]), v.into()]);

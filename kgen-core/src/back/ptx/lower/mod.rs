@@ -21,6 +21,7 @@ mod memory;
 mod mma;
 mod pointwise_vec;
 mod reduce;
+mod scan;
 mod scratch;
 mod shape;
 pub mod staged;
@@ -1214,6 +1215,7 @@ impl<'a> Lowerer<'a> {
             | Op::Fma(..)
             | Op::Cast(_) => self.lower_elementwise(id),
             Op::Reduce { op, value, axis } => self.lower_reduce(id, *op, *value, *axis as usize),
+            Op::Scan { .. } => self.lower_scan(id),
             Op::Broadcast(_) | Op::Reshape(_) | Op::ExpandDims(..) | Op::Permute(..) => {
                 self.lower_shape_op(id)
             }

@@ -137,7 +137,9 @@ impl Lowerer<'_> {
         }
     }
 
-    fn shfl(&mut self, r: Reg, mask: u32) -> Reg {
+    /// `r` of the lane whose id differs from this one's in `mask` (two shuffles for a
+    /// 64-bit register).
+    pub(super) fn shfl(&mut self, r: Reg, mask: u32) -> Reg {
         let args = |d: Reg, s: Reg| {
             vec![
                 d.into(),
