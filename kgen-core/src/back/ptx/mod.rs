@@ -132,7 +132,12 @@ pub fn write(
             .iter()
             .enumerate()
             .zip(&func.scratch)
+            .filter(|(_, b)| !b.shared)
             .max_by_key(|((_, &slot), b)| slot as u64 * b.slots as u64);
+        let at_peak = format!(
+            "at the peak these buffers are alive: {}",
+            smem::describe(&lowered.smem_at_peak)
+        );
         if let Some(((_, &slot_bytes), b)) = largest {
             return Err(limit(
                 b.span,
@@ -144,7 +149,7 @@ pub fn write(
                     target.max_shared_bytes_per_block
                 ),
                 &format!(
-                    "use fewer or smaller slots: `{}` holds {} tiles of {slot_bytes} bytes",
+                    "use fewer or smaller slots: `{}` holds {} tiles of {slot_bytes} bytes; {at_peak}",
                     b.name, b.slots
                 ),
             ));
@@ -157,7 +162,9 @@ pub fn write(
                 target.arch,
                 target.max_shared_bytes_per_block
             ),
-            "use smaller tiles",
+            &format!(
+                "use smaller tiles, or fewer pipeline stages (`--stages`); {at_peak}"
+            ),
         ));
     }
     // Static shared memory is limited to the default window; beyond it the buffer is

@@ -622,11 +622,13 @@ fn gather_scatter_atomic_add() {
     assert!(ptx.contains("atom.global.add.f32"), "{ptx}");
 }
 
-#[test]
-fn dot_and_if() {
+/// A `dot` in a loop and an `if` after it, on hand-built IR (no pipelining pass): f16
+/// operands go to the tensor cores from registers (converted to the mma operand layouts
+/// through shared memory and packed), f32 operands stay exact FMAs.
+fn dot_and_if_ir(dt: DType) -> crate::ir::Function {
     let mut k = Kb::new("matmul");
-    let a = k.tensor("a", DType::F16, vec![None, None], true, 16);
-    let b = k.tensor("b", DType::F16, vec![None, None], true, 16);
+    let a = k.tensor("a", dt, vec![None, None], true, 16);
+    let b = k.tensor("b", dt, vec![None, None], true, 16);
     let c = k.tensor("c", DType::F32, vec![None, None], true, 16);
     let flag = k.scalar_param("accumulate", DType::Bool);
     let i = k.bid(0);
@@ -642,8 +644,8 @@ fn dot_and_if() {
     let nk = k.bin(BinaryOp::Div, t, c32);
     let init = k.fconst(0.0, DType::F32, &[32, 32]);
     let r = k.for_loop(zero, nk, vec![init], |k, kk, c| {
-        let at = k.load(a, vec![i, kk], &[32, 32], Scalar::Float(0.0, DType::F16));
-        let bt = k.load(b, vec![kk, j], &[32, 32], Scalar::Float(0.0, DType::F16));
+        let at = k.load(a, vec![i, kk], &[32, 32], Scalar::Float(0.0, dt));
+        let bt = k.load(b, vec![kk, j], &[32, 32], Scalar::Float(0.0, dt));
         let d = k.op(
             Op::Dot {
                 a: at,
@@ -665,10 +667,19 @@ fn dot_and_if() {
         |_| vec![r[0]],
     );
     k.store(c, vec![i, j], out[0]);
-    let f = k.finish();
-    let ptx = compile_both(&f, 4);
-    assert!(ptx.contains("fma.rn.f32"));
-    assert!(ptx.contains("ld.shared.b32"));
+    k.finish()
+}
+
+#[test]
+fn dot_and_if() {
+    let ptx = compile_both(&dot_and_if_ir(DType::F16), 4);
+    assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), "{ptx}");
+    assert!(ptx.contains("cvt.rn.f16x2.f32"), "{ptx}");
+    assert!(!ptx.contains("fma.rn.f32"), "{ptx}");
+    let ptx = compile_both(&dot_and_if_ir(DType::F32), 4);
+    assert!(ptx.contains("fma.rn.f32"), "{ptx}");
+    assert!(!ptx.contains("mma.sync"), "{ptx}");
+    assert!(ptx.contains("ld.shared.b32"), "{ptx}");
 }
 
 #[test]

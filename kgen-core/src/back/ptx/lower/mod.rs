@@ -107,6 +107,8 @@ pub struct Lowered {
     pub smem_bytes: u32,
     /// The alignment `kg_smem` must be declared with.
     pub smem_align: u32,
+    /// The shared-memory buffers alive when the peak was reached (for diagnostics).
+    pub smem_at_peak: Vec<crate::back::ptx::smem::Placed>,
     /// Bytes of `smem_bytes` taken by the scratch buffers, and per buffer its bytes per
     /// slot.
     pub scratch_bytes: u32,
@@ -275,6 +277,7 @@ impl<'a> Lowerer<'a> {
             reg_counts: self.reg_counts,
             smem_bytes: self.smem.peak(),
             smem_align: self.smem.max_align(),
+            smem_at_peak: self.smem.at_peak(),
             scratch_bytes: self.scratch_bytes,
             scratch_slot_bytes: self.scratch.iter().map(|p| p.slot_bytes).collect(),
             cluster_slots: self.cluster_slots,

@@ -21,6 +21,17 @@ use crate::ir::{Op, ValueId};
 use crate::span::Span;
 use crate::types::DType;
 
+/// Bytes per element of a tile passed through shared memory: 8 for i64, 2 for f16/bf16
+/// (their values are exact in 16 bits: half the bytes and bank traffic of 32-bit
+/// slots), 4 otherwise (bool as a word).
+fn smem_slot_bytes(dt: DType) -> u32 {
+    match dt {
+        DType::I64 => 8,
+        DType::F16 | DType::BF16 => 2,
+        _ => 4,
+    }
+}
+
 impl Lowerer<'_> {
     /// Moves `regs` (laid out as `src`) to the layout `dst` under the weight map.
     pub fn remap(
@@ -86,14 +97,15 @@ impl Lowerer<'_> {
         dt: DType,
         offset_bytes: u32,
     ) -> R<(u32, Reg)> {
-        let slot = if dt == DType::I64 { 8 } else { 4 };
+        let slot = smem_slot_bytes(dt);
         let numel: u32 = src.shape.iter().product::<u32>().max(1);
         let base = self.smem_begin(offset_bytes + numel * slot);
-        self.smem_write_at(regs, src, dt, base, offset_bytes)?;
+        self.smem_write_at(regs, src, dt, base, offset_bytes, slot)?;
         Ok((slot, base))
     }
 
-    /// The write phase alone (no barrier).
+    /// The write phase alone (no barrier), `slot` bytes per element (2 stores a half
+    /// value's 16 bits; 4 and 8 its register).
     fn smem_write_at(
         &mut self,
         regs: &[Reg],
@@ -101,12 +113,31 @@ impl Lowerer<'_> {
         dt: DType,
         base: Reg,
         offset_bytes: u32,
+        slot: u32,
     ) -> R<()> {
-        let slot = if dt == DType::I64 { 8u64 } else { 4 };
+        let slot = slot as u64;
         let addr = self.smem_thread_base(src, base, slot);
         for (r, &v) in regs.iter().enumerate() {
             let off = Self::lin_offset(src, r) * slot + offset_bytes as u64;
             let mem = Operand::Mem(Addr::Reg(addr), off as i64);
+            if slot == 2 && v.class == RegClass::F32 {
+                // A half value (kept widened, exactly representable): its 16 bits.
+                let h = self.op1(
+                    RegClass::B16,
+                    if dt == DType::BF16 {
+                        "cvt.rn.bf16.f32"
+                    } else {
+                        "cvt.rn.f16.f32"
+                    },
+                    vec![v.into()],
+                );
+                self.emit("st.shared.b16", vec![mem, h.into()]);
+                continue;
+            }
+            if v.class == RegClass::B16 {
+                self.emit("st.shared.b16", vec![mem, v.into()]);
+                continue;
+            }
             match v.class {
                 RegClass::Pred => {
                     let b = self.op1(
@@ -188,6 +219,10 @@ impl Lowerer<'_> {
 
     fn smem_read(&mut self, dt: DType, addr: Reg, off: i64) -> Reg {
         let mem = Operand::Mem(Addr::Reg(addr), off);
+        if dt.is_half() {
+            let h = self.op1(RegClass::B16, "ld.shared.b16", vec![mem]);
+            return self.widen_half(h, dt);
+        }
         match super::class_of(dt) {
             RegClass::Pred => {
                 let b = self.op1(RegClass::B32, "ld.shared.b32", vec![mem]);
@@ -373,8 +408,9 @@ impl Lowerer<'_> {
         let a_bytes = pm * pk * 4;
         self.comment("dot: stage A and B in shared memory");
         let base = self.smem_begin(a_bytes + pk * pn * 4);
-        self.smem_write_at(&ra, &la, adt, base, 0)?;
-        self.smem_write_at(&rb, &lb, bdt, base, a_bytes)?;
+        // The FMA loop below reads 32-bit words: f32 values (halves widened), i32.
+        self.smem_write_at(&ra, &la, adt, base, 0, 4)?;
+        self.smem_write_at(&rb, &lb, bdt, base, a_bytes, 4)?;
         self.smem_read_fence();
         // Per-thread row of A and column of B.
         let tm = self.thread_coord(&lin, 0);
