@@ -163,3 +163,68 @@ fn cluster_gather_needs_sm90a_and_a_whole_number_of_clusters() {
     assert_eq!(k.launch.cluster_size, 1);
     assert!(!k.ptx.contains("cluster"), "{}", k.ptx);
 }
+
+/// Tensor-core `dot`s whose staged tiles do not fit: an explicit pipeline depth is
+/// refused with the bytes it needs and the depth that fits; a tile whose epilogue needs
+/// more shared memory than the target has is refused with the buffers alive at the peak.
+#[test]
+fn tensor_core_shared_memory_limits_are_reported() {
+    let gemm = |bm: u32, bn: u32, bk: u32| {
+        SourceFile::new(
+            "gemm.kg",
+            format!(
+                "kernel g(a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: tensor<bf16, 2, contiguous>) {{
+    let mut acc = zeros([{bm}, {bn}], f32);
+    for k in 0..cdiv(shape(a, 1), {bk}) {{
+        acc = dot(load(a, [bid(0), k], [{bm}, {bk}]), load(b, [k, bid(1)], [{bk}, {bn}]), acc);
+    }}
+    store(c, [bid(0), bid(1)], acc as bf16);
+}}
+"
+            ),
+        )
+    };
+    // 8 stages of 256x64 and 64x256 bf16 tiles: 8 x 64 KiB.
+    let file = gemm(256, 256, 64);
+    let mut opts = CompileOptions::new(Arch::Sm90a);
+    opts.num_warps = Some(8);
+    opts.num_stages = Some(8);
+    let err = compile(&file, &opts).unwrap_err();
+    assert_eq!(err.0[0].code, ErrorCode::TargetLimit);
+    let rendered = err.render(&file);
+    assert!(rendered.contains("524288 bytes"), "{rendered}");
+    assert!(rendered.contains("use 3 stages"), "{rendered}");
+    insta::assert_snapshot!("diag_pipeline_stages_too_many", rendered);
+    // The same depth fits sm_90a when the tiles are smaller.
+    let mut opts = CompileOptions::new(Arch::Sm90a);
+    opts.num_warps = Some(4);
+    opts.num_stages = Some(4);
+    assert!(compile(&gemm(128, 128, 32), &opts).is_ok());
+    // A 200 KiB scratch buffer beside the dot: the pipeline keeps to what is left (one
+    // stage); the epilogue's layout conversion on top of the scratch does not fit, and the
+    // diagnostic lists what is alive at the peak.
+    let file = SourceFile::new(
+        "gemm_scratch.kg",
+        "kernel g(a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: tensor<bf16, 2, contiguous>, x: tensor<f32, 1, contiguous>) {
+    let cache = scratch(25, [2048], f32);
+    scratch_store(cache, 0, load(x, [0], [2048]));
+    let mut acc = zeros([128, 128], f32);
+    for k in 0..cdiv(shape(a, 1), 32) {
+        acc = dot(load(a, [bid(0), k], [128, 32]), load(b, [k, bid(1)], [32, 128]), acc);
+    }
+    store(c, [bid(0), bid(1)], acc as bf16);
+    store(x, [0], scratch_load(cache, 0));
+}
+",
+    );
+    let mut opts = CompileOptions::new(Arch::Sm90a);
+    opts.num_warps = Some(8);
+    let err = compile(&file, &opts).unwrap_err();
+    let rendered = err.render(&file);
+    assert_eq!(err.0[0].code, ErrorCode::TargetLimit, "{rendered}");
+    assert!(
+        rendered.contains("at the peak these buffers are alive"),
+        "{rendered}"
+    );
+    insta::assert_snapshot!("diag_shared_memory_over_limit", rendered);
+}

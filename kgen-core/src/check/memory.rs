@@ -527,8 +527,20 @@ impl Checker<'_> {
                 .with_note(format!("help: convert one side, e.g. `(...) as {xd}`")),
             );
         }
-        if xd == DType::Bool {
-            return self.error(ErrorCode::TypeMismatch, span, "`dot` of bool tiles");
+        if !matches!(xd, DType::F16 | DType::BF16 | DType::F32 | DType::I32) {
+            return self.push(
+                Diagnostic::error(
+                    ErrorCode::TypeMismatch,
+                    span,
+                    format!("`dot` of `{xd}` tiles is not supported"),
+                )
+                .with_secondary(pa.1, format!("this is `tile<{xd}, {xs}>`"))
+                .with_note(
+                    "help: `dot` takes f16 or bf16 tiles (tensor cores, f32 accumulator), f32 \
+                     tiles (exact FMA, f32 accumulator) or i32 tiles (i32 accumulator): cast \
+                     the operands first",
+                ),
+            );
         }
         let want = if xd.is_float() {
             DType::F32

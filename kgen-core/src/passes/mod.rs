@@ -34,6 +34,8 @@ impl PassOptions {
                 num_stages: spec.num_stages,
                 num_warps: spec.num_warps,
                 max_shared_bytes: target.max_shared_bytes_per_block,
+                target_name: target.arch.name(),
+                full_shared_bytes: target.max_shared_bytes_per_block,
             }),
         }
     }

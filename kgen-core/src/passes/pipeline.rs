@@ -61,6 +61,11 @@ pub struct PipelineOptions {
     pub num_warps: u32,
     /// Shared memory one block may use.
     pub max_shared_bytes: u32,
+    /// The target's name, for diagnostics.
+    pub target_name: &'static str,
+    /// The target's whole per-block shared memory (`max_shared_bytes` before the
+    /// kernel's own scratch buffers are taken out).
+    pub full_shared_bytes: u32,
 }
 
 /// Pipelines every qualifying loop of `func` (inner loops first).
@@ -269,9 +274,10 @@ fn pipeline_loop(
                 eviction: *eviction,
                 dtype: ty.dtype(),
                 shape: crate::ir::shape_of(&ty).to_vec(),
-                name: func.values[x]
-                    .name
-                    .clone()
+                name: func
+                    .params
+                    .get(*tensor as usize)
+                    .map(|p| p.name.clone())
                     .unwrap_or_else(|| format!("tile{}", staged.len())),
                 span: func.insts[l].span,
                 moving: index.iter().position(|&v| depends_on(func, v, iv, &def)),
@@ -281,7 +287,26 @@ fn pipeline_loop(
     if staged.is_empty() {
         return Ok(None);
     }
-    let stages = choose_stages(&staged, o, dot_span.unwrap_or(func.insts[id].span))?;
+    // The user's scratch buffers live for the whole kernel: what is left is the budget.
+    let scratch: u64 = func
+        .scratch
+        .iter()
+        .filter(|b| !b.shared)
+        .map(|b| {
+            let n: u64 = b
+                .slot_shape
+                .iter()
+                .map(|&d| d.max(1).next_power_of_two() as u64)
+                .product();
+            n * b.dtype.size_bytes() as u64 * b.slots as u64
+        })
+        .sum();
+    let budget = PipelineOptions {
+        max_shared_bytes: (o.max_shared_bytes as u64).saturating_sub(scratch) as u32,
+        full_shared_bytes: o.max_shared_bytes,
+        ..*o
+    };
+    let stages = choose_stages(&staged, &budget, dot_span.unwrap_or(func.insts[id].span))?;
     let Some(s_count) = stages else {
         return Ok(None);
     };
@@ -371,7 +396,11 @@ fn choose_stages(
                         .iter()
                         .map(|&d| d.max(1).next_power_of_two() as u64)
                         .product();
-                    format!("`{}` {} bytes", t.name, n * t.dtype.size_bytes() as u64)
+                    format!(
+                        "the tile of `{}` {} bytes",
+                        t.name,
+                        n * t.dtype.size_bytes() as u64
+                    )
                 })
                 .collect();
             let help = match best {
@@ -383,11 +412,17 @@ fn choose_stages(
                     ErrorCode::TargetLimit,
                     span,
                     format!(
-                        "{s} pipeline stages need {} bytes of shared memory for the tiles this `dot` reads ({} per stage: {}); the target allows {} per block",
+                        "{s} pipeline stages need {} bytes of shared memory for the tiles this `dot` reads ({} per stage: {}); {} allows {} per block{}",
                         per_stage * s as u64,
                         per_stage,
                         tiles.join(", "),
-                        o.max_shared_bytes
+                        o.target_name,
+                        o.max_shared_bytes,
+                        if o.max_shared_bytes < o.full_shared_bytes {
+                            format!(" beside the kernel's scratch buffers ({} of {})", o.full_shared_bytes - o.max_shared_bytes, o.full_shared_bytes)
+                        } else {
+                            String::new()
+                        }
                     ),
                 )
                 .with_note(help),

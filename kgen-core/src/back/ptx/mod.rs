@@ -162,9 +162,7 @@ pub fn write(
                 target.arch,
                 target.max_shared_bytes_per_block
             ),
-            &format!(
-                "use smaller tiles, or fewer pipeline stages (`--stages`); {at_peak}"
-            ),
+            &format!("use smaller tiles, or fewer pipeline stages (`--stages`); {at_peak}"),
         ));
     }
     // Static shared memory is limited to the default window; beyond it the buffer is

@@ -673,7 +673,10 @@ fn dot_and_if_ir(dt: DType) -> crate::ir::Function {
 #[test]
 fn dot_and_if() {
     let ptx = compile_both(&dot_and_if_ir(DType::F16), 4);
-    assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), "{ptx}");
+    assert!(
+        ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"),
+        "{ptx}"
+    );
     assert!(ptx.contains("cvt.rn.f16x2.f32"), "{ptx}");
     assert!(!ptx.contains("fma.rn.f32"), "{ptx}");
     let ptx = compile_both(&dot_and_if_ir(DType::F32), 4);
