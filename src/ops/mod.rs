@@ -332,6 +332,7 @@ pub(crate) fn as_rows(op: &'static str, t: &Tensor) -> Result<Tensor, OpError> {
 pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
     let mut v = Vec::new();
     v.extend(linear::gpu_checks(device));
+    v.extend(gemm::gpu_checks(device));
     v.extend(norm::gpu_checks(device));
     v.extend(act::gpu_checks(device));
     v.extend(rope::gpu_checks(device));

@@ -585,6 +585,65 @@ pub fn value_regs(func: &Function, asg: &Assignment, v: ValueId) -> u32 {
     asg.linear(func, v).num_regs() as u32 * words
 }
 
+/// Element-wise and shape-op tile values that only feed element-wise instructions close
+/// after them in the same block (`where(acc > 0.0, acc, 0.0)`'s comparison, GELU's
+/// intermediate products, a bias row broadcast over the accumulator): ptxas computes
+/// such a chain element by element, so they cost a few registers, not a whole tile each. The estimate counts them as nothing; `ptxas -v`
+/// (the no-spill tests) is the judge of the rest.
+fn transient_values(func: &Function) -> std::collections::HashSet<ValueId> {
+    /// How many instructions after its definition a transient value may still be read.
+    const WINDOW: usize = 8;
+    let mut out = std::collections::HashSet::new();
+    let mut blocks = vec![&func.body];
+    while let Some(b) = blocks.pop() {
+        let pos: HashMap<crate::ir::InstId, usize> =
+            b.insts.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+        let mut uses: HashMap<ValueId, Vec<usize>> = HashMap::new();
+        let mut outside: std::collections::HashSet<ValueId> = std::collections::HashSet::new();
+        for (k, &i) in b.insts.iter().enumerate() {
+            let op = &func.insts[i].op;
+            let elementwise = crate::ir::props(op).class == crate::ir::OpClass::Elementwise;
+            for v in crate::ir::operands(op) {
+                if elementwise {
+                    uses.entry(v).or_default().push(k);
+                } else {
+                    outside.insert(v);
+                }
+            }
+            for r in crate::ir::regions(op) {
+                blocks.push(r);
+                let mut nested = Vec::new();
+                crate::ir::visit_insts(func, vec![r], |o| nested.extend(crate::ir::operands(o)));
+                outside.extend(nested);
+            }
+        }
+        for &i in &b.insts {
+            let inst = &func.insts[i];
+            // Element-wise results, and shape ops (a broadcast row is its source's
+            // registers repeated) feeding element-wise work.
+            if !matches!(
+                crate::ir::props(&inst.op).class,
+                crate::ir::OpClass::Elementwise | crate::ir::OpClass::Shape
+            ) {
+                continue;
+            }
+            let Some(&r) = inst.results.first() else {
+                continue;
+            };
+            if matches!(func.value_type(r), ValueType::Scalar(_)) || outside.contains(&r) {
+                continue;
+            }
+            let at = pos[&i];
+            if let Some(us) = uses.get(&r) {
+                if us.iter().all(|&u| u > at && u <= at + WINDOW) {
+                    out.insert(r);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Peak number of 32-bit registers held by simultaneously live values, and an
 /// instruction at the peak. Values used inside a loop stay live for the whole loop.
 pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<crate::ir::InstId>) {
@@ -671,11 +730,16 @@ pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<cra
         at: Vec::new(),
     };
     walk(func, &func.body, &mut w, &mut Vec::new());
+    let transient = transient_values(func);
     let n = w.pos + 2;
     let mut diff = vec![0i64; n + 1];
     for (&v, &d) in &w.def {
         let l = w.last.get(&v).copied().unwrap_or(d).max(d).min(n - 1);
-        let r = value_regs(func, asg, v) as i64;
+        let r = if transient.contains(&v) {
+            0
+        } else {
+            value_regs(func, asg, v) as i64
+        };
         diff[d.min(n - 1)] += r;
         diff[l + 1] -= r;
     }
