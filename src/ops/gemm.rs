@@ -284,8 +284,16 @@ fn check_one(
     let b_s = d.from_f64(dt, &sb_shape, &rand(k * n)).map_err(e)?;
     let bias_t = d.from_f64(dt, &[n], &rand(n)).map_err(e)?;
     let c = d.from_f64(dt, &[m, n], &vec![f64::NAN; m * n]).map_err(e)?;
-    let a = if ta { a_s.transpose(0, 1).map_err(e)? } else { a_s.clone() };
-    let b = if tb { b_s.transpose(0, 1).map_err(e)? } else { b_s.clone() };
+    let a = if ta {
+        a_s.transpose(0, 1).map_err(e)?
+    } else {
+        a_s.clone()
+    };
+    let b = if tb {
+        b_s.transpose(0, 1).map_err(e)?
+    } else {
+        b_s.clone()
+    };
     ops.gemm_into(&a, &b, with_bias.then_some(&bias_t), act, &c)
         .map_err(|x| x.to_string())?;
     let (av, bv, biasv, got) = (
@@ -308,7 +316,9 @@ fn check_one(
     let step = (total / 2048).max(1);
     let mut worst = 0.0f64;
     // Every element of the last row and column too (the tiles that hang over the edge).
-    let edges = (0..n).map(|j| (m - 1) * n + j).chain((0..m).map(|i| i * n + n - 1));
+    let edges = (0..n)
+        .map(|j| (m - 1) * n + j)
+        .chain((0..m).map(|i| i * n + n - 1));
     for idx in (0..total).step_by(step).chain(edges) {
         let (i, j) = (idx / n, idx % n);
         let mut s = 0.0;
@@ -327,7 +337,9 @@ fn check_one(
         let tol = 8e-3 * want.abs() + 1e-6 * scale + 1e-3;
         let err = (g - want).abs();
         if err > tol {
-            return Err(format!("[{i}, {j}] = {g}, want {want} (tolerance {tol:.2e})"));
+            return Err(format!(
+                "[{i}, {j}] = {g}, want {want} (tolerance {tol:.2e})"
+            ));
         }
         worst = worst.max(err / (want.abs() + 1.0));
     }

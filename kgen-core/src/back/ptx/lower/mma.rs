@@ -105,17 +105,26 @@ impl Lowerer<'_> {
         self.comment(format!(
             "dot: mma.sync m16n8k16 {ty}, {mt}x{nt} instructions per warp per k-step, {steps} k-steps"
         ));
+        // Fragments of k-step s + 1 are loaded before k-step s's mma are issued (two sets
+        // of fragment registers), so the ldmatrix latency hides behind the tensor cores.
+        let mut frags =
+            Some(self.mma_fragments(&src_a, &src_b, 0, mt, nt, &m_warp, &n_warp, ty, span)?);
         for s in 0..steps {
-            let afr: Vec<[Reg; 4]> = (0..mt)
-                .map(|mi| self.a_fragment(&src_a, mi, s, &m_warp, ty, span))
-                .collect::<R<_>>()?;
-            let mut bfr: Vec<[Reg; 2]> = Vec::with_capacity(nt as usize);
-            let mut ni = 0;
-            while ni < nt {
-                let pair = nt - ni >= 2;
-                let got = self.b_fragments(&src_b, ni, s, pair, &n_warp, ty, span)?;
-                bfr.extend(got);
-                ni += if pair { 2 } else { 1 };
+            let (afr, bfr) = frags
+                .take()
+                .ok_or_else(|| unsupported(span, "mma fragments"))?;
+            if s + 1 < steps {
+                frags = Some(self.mma_fragments(
+                    &src_a,
+                    &src_b,
+                    s + 1,
+                    mt,
+                    nt,
+                    &m_warp,
+                    &n_warp,
+                    ty,
+                    span,
+                )?);
             }
             let mut next = cur.clone();
             for mi in 0..mt {
@@ -147,6 +156,34 @@ impl Lowerer<'_> {
         }
         self.bind(res, cur);
         Ok(())
+    }
+
+    /// The A fragments (per m-tile) and B fragments (per n-tile) of k-step `s`.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn mma_fragments(
+        &mut self,
+        src_a: &Source,
+        src_b: &Source,
+        s: u32,
+        mt: u32,
+        nt: u32,
+        m_warp: &[(u32, u32)],
+        n_warp: &[(u32, u32)],
+        ty: &str,
+        span: Span,
+    ) -> R<(Vec<[Reg; 4]>, Vec<[Reg; 2]>)> {
+        let afr: Vec<[Reg; 4]> = (0..mt)
+            .map(|mi| self.a_fragment(src_a, mi, s, m_warp, ty, span))
+            .collect::<R<_>>()?;
+        let mut bfr: Vec<[Reg; 2]> = Vec::with_capacity(nt as usize);
+        let mut ni = 0;
+        while ni < nt {
+            let pair = nt - ni >= 2;
+            let got = self.b_fragments(src_b, ni, s, pair, n_warp, ty, span)?;
+            bfr.extend(got);
+            ni += if pair { 2 } else { 1 };
+        }
+        Ok((afr, bfr))
     }
 
     fn mma_source(
