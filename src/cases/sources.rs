@@ -1,9 +1,22 @@
 //! Which kernels the bundled files hold (the texts themselves are embedded by
 //! `crate::bundled`).
 
-/// The source text of `kernels-src/<stem>.kg`.
+/// The source text of `kernels-src/<stem>.kg`, or of the self-test kernel `<stem>`.
 pub fn kernel_source(stem: &str) -> Option<&'static str> {
-    crate::bundled::source(stem)
+    crate::bundled::source(stem).or_else(|| selftest_kernel_source(stem))
+}
+
+/// Kernels that only the self-test runs (`src/cases/kernels/`): they check the
+/// language's semantics on the GPU against the interpreter, and are not ops (so not in
+/// `kernels-src/`, the op library).
+pub const SELFTEST_KERNELS: &[(&str, &str)] = &[("int_div", include_str!("kernels/int_div.kg"))];
+
+/// The source text of the self-test kernel `<stem>` (`src/cases/kernels/<stem>.kg`).
+pub fn selftest_kernel_source(stem: &str) -> Option<&'static str> {
+    SELFTEST_KERNELS
+        .iter()
+        .find(|(s, _)| *s == stem)
+        .map(|(_, t)| *t)
 }
 
 /// Every kernel in every bundled file with cases here: (file stem, kernel name). Files

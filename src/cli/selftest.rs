@@ -25,8 +25,11 @@ fn kernel_source(stem: &str) -> Result<SourceFile, String> {
             .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
         return Ok(SourceFile::new(path.display().to_string(), text));
     }
-    kgen::bundled::source(stem)
-        .map(|t| SourceFile::new(name.clone(), t))
+    if let Some(t) = kgen::bundled::source(stem) {
+        return Ok(SourceFile::new(name, t));
+    }
+    kgen::cases::sources::selftest_kernel_source(stem)
+        .map(|t| SourceFile::new(format!("src/cases/kernels/{stem}.kg"), t))
         .ok_or_else(|| format!("no bundled kernel file `{name}`"))
 }
 

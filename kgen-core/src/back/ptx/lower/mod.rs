@@ -17,6 +17,7 @@
 
 mod arith;
 mod cluster;
+mod int_div;
 mod memory;
 mod pointwise_vec;
 mod reduce;
@@ -159,6 +160,8 @@ pub struct Lowerer<'a> {
     /// Per open block (innermost last): uses by its own instructions, not nested ones.
     block_uses: Vec<HashMap<ValueId, usize>>,
     uniform: std::collections::HashSet<ValueId>,
+    /// Values known to hold one integer constant in every element (`int_div.rs`).
+    known_ints: HashMap<ValueId, i64>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -205,6 +208,7 @@ impl<'a> Lowerer<'a> {
             uses,
             block_uses: Vec::new(),
             uniform: std::collections::HashSet::new(),
+            known_ints: HashMap::new(),
         }
     }
 
@@ -1003,6 +1007,9 @@ impl<'a> Lowerer<'a> {
         let inst = &func.insts[id];
         let span = inst.span;
         let res = inst.results.first().copied();
+        if let Some(r) = res {
+            self.note_known_int(&inst.op, r);
+        }
         match &inst.op {
             Op::For { .. } => self.lower_for(id),
             Op::If { .. } => self.lower_if(id),
