@@ -177,6 +177,7 @@ pub fn write(
             })
             .collect(),
         max_ntid: threads,
+        max_nreg: register_budget(target, threads, min_blocks),
         min_ctas_per_sm: spec.min_blocks_per_sm,
         reg_counts: lowered.reg_counts,
         shared,
@@ -211,6 +212,22 @@ pub fn write(
         launch,
         spec: spec.clone(),
     })
+}
+
+/// The registers per thread that `min_blocks` blocks of `threads` threads may use on
+/// one SM: `registers_per_sm / (threads * min_blocks)`, at most the target's 255, else
+/// rounded down to a multiple of 8 (registers are allocated to warps in units of 256,
+/// 8 per thread: 85 per thread would take 88 and fit one block fewer). Written as
+/// `.maxnreg`: without it ptxas picks its own limit, which can be lower (64 for 128
+/// threads: `rmsnorm_bwd<f32, RESIDUAL>` spilled there, and uses 84 registers without
+/// spilling under `.maxnreg`); with `.minnctapersm` it is the same limit ptxas derives.
+pub fn register_budget(target: &Target, threads: u32, min_blocks: u32) -> u32 {
+    let per_thread = target.registers_per_sm / threads.saturating_mul(min_blocks).max(1);
+    if per_thread >= target.max_registers_per_thread {
+        target.max_registers_per_thread
+    } else {
+        per_thread / 8 * 8
+    }
 }
 
 fn limit(span: Span, msg: String, help: &str) -> Diagnostics {
