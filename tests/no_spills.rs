@@ -258,17 +258,6 @@ fn every_launchable_specialization_assembles_without_spills() {
     let full = std::env::var("KGEN_FULL").as_deref() == Ok("1");
     let (specs, op_errors) = specs(full);
     let t_enum = t0.elapsed();
-    if std::env::var("KGEN_SPILLS_DRY").is_ok() {
-        let mut by: BTreeMap<(String, bool), usize> = BTreeMap::new();
-        for s in &specs {
-            *by.entry((s.request.kernel.clone(), s.from_op)).or_default() += 1;
-        }
-        for ((k, op), n) in by {
-            eprintln!("{k:<32} {} {n}", if op { "op " } else { "gen" });
-        }
-        eprintln!("{} specs in {:.1} s", specs.len(), t_enum.as_secs_f64());
-        return;
-    }
     let mut failures: Vec<String> = op_errors
         .iter()
         .map(|e| format!("an op failed in the recording run: {e}"))
