@@ -143,7 +143,8 @@ pub fn case(seed: u64, dt: DType, n: usize, block: usize, d: i64) -> Case {
             } else {
                 -1
             };
-            let mut rows = vec![vec![0f64; n]; ROWS];
+            // out[k, i], row-major.
+            let mut out = vec![0f64; ROWS * n];
             for i in 0..n {
                 let (x, y) = (read(a, i), read(b, i));
                 let first = i - i % block;
@@ -155,11 +156,11 @@ pub fn case(seed: u64, dt: DType, n: usize, block: usize, d: i64) -> Case {
                     div_rem(dt, read(a, first), read(b, first)),
                 ];
                 for (k, (q, r)) in pairs.into_iter().enumerate() {
-                    rows[2 * k][i] = Scalar::Int(q, dt).to_f64();
-                    rows[2 * k + 1][i] = Scalar::Int(r, dt).to_f64();
+                    out[2 * k * n + i] = Scalar::Int(q, dt).to_f64();
+                    out[(2 * k + 1) * n + i] = Scalar::Int(r, dt).to_f64();
                 }
             }
-            vec![rows.concat()]
+            vec![out]
         }),
         tolerance: Tolerance { rel: 0.0, abs: 0.0 },
     }

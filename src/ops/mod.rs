@@ -33,6 +33,7 @@ pub mod launchable;
 pub mod linear;
 pub mod loss;
 pub mod norm;
+mod norm_checks;
 mod plan;
 pub mod rope;
 

@@ -17,6 +17,7 @@ pub mod cheap_layouts;
 pub mod dead_code;
 pub mod isa;
 pub mod layout;
+pub mod limits;
 pub mod lower;
 pub mod writer;
 
@@ -24,6 +25,8 @@ pub mod writer;
 mod tests;
 #[cfg(test)]
 mod tests_gather;
+#[cfg(test)]
+mod tests_limits;
 #[cfg(test)]
 mod tests_rounding;
 #[cfg(test)]
@@ -39,13 +42,6 @@ use crate::target::Target;
 use crate::types::DType;
 use crate::valid::ModuleInfo;
 use lower::ParamLoad;
-
-/// Registers (32-bit) that we leave for addresses, predicates and temporaries when
-/// checking the estimate against the per-thread budget.
-const REG_OVERHEAD: u32 = 16;
-/// The most registers per thread the estimate may reach (ptxas allows 255; beyond
-/// about 200 live tile registers it starts spilling).
-const REG_SOFT_LIMIT: u32 = 200;
 
 /// Writes PTX for one validated function.
 pub fn write(
@@ -95,22 +91,13 @@ pub fn write(
     }
 
     let asg = assign::assign(func, num_warps);
-    let (regs, at) = assign::estimate_registers(func, &asg);
     // The estimate is checked against one block's budget; a `min_blocks_per_sm` bound is
     // ptxas's to meet (`.minnctapersm`, like `__launch_bounds__`), which spills rather
-    // than fails when it cannot: check `ptxas -v` for configurations that use one.
-    let per_thread = (target.registers_per_sm / threads).min(target.max_registers_per_thread);
-    let budget = REG_SOFT_LIMIT.min(per_thread.saturating_sub(REG_OVERHEAD));
-    if regs > budget {
-        let span = at.map(|i| func.insts[i].span).unwrap_or(first_span);
-        return Err(limit(
-            span,
-            format!(
-                "the kernel needs about {} registers per thread with {num_warps} warps; the limit is {}",
-                regs + REG_OVERHEAD,
-                budget + REG_OVERHEAD
-            ),
-            "use smaller tiles or more warps (tiles live here hold too many elements per thread)",
+    // than fails when it cannot: `tests/no_spills.rs` checks the op library's bounds.
+    let est = assign::estimate_registers(func, &asg);
+    if est.regs > limits::register_limit(target, threads) {
+        return Err(limits::too_many_registers(
+            func, &est, target, num_warps, first_span,
         ));
     }
 
