@@ -121,13 +121,15 @@ fn bad_min_blocks_per_sm_is_reported() {
     let rendered = err.render(&file);
     assert!(rendered.contains('^'), "{rendered}");
     insta::assert_snapshot!("diag_min_blocks_too_many_threads", rendered);
-    // A bound that fits: `.minnctapersm` in the PTX and `__b2` in the entry name.
+    // A bound that fits: `.minnctapersm` in the PTX, with the register budget of two
+    // blocks of 512 threads (65536 / 1024), and `__b2` in the entry name.
     let mut opts = CompileOptions::new(Arch::Sm90a);
     opts.num_warps = Some(16);
     opts.min_blocks_per_sm = Some(2);
     let k = compile(&file, &opts).unwrap();
     assert!(
-        k.ptx.contains(".maxntid 512, 1, 1\n.minnctapersm 2\n"),
+        k.ptx
+            .contains(".maxntid 512, 1, 1\n.maxnreg 64\n.minnctapersm 2\n"),
         "{}",
         k.ptx
     );

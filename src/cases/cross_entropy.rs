@@ -226,6 +226,14 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             grid: Some(3),
             ..CeSpec::new(BF16, I32, 13, 4100, 2048)
         },
+        // The op's own partly cached candidate (`ops::loss`, f32 rows of 40000 without
+        // clusters: 9 of 10 tiles of 4096 fit 150 KB): the tenth tile is re-read, and
+        // the pipeline's fetches past the buffer copy nothing.
+        CeSpec {
+            cached: Some(9),
+            depth: Some(2),
+            ..CeSpec::new(F32, I64, 2, 40000, 4096)
+        },
     ];
     for s in &ce_quick {
         v.push(s.case(seed));

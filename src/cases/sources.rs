@@ -1,20 +1,37 @@
 //! Which kernels the bundled files hold (the texts themselves are embedded by
 //! `crate::bundled`), and where a case's kernel text comes from.
 
-/// The source text of `kernels-src/<stem>.kg`, or of `src/cases/lang.kg` for `lang`.
+/// The source text of `kernels-src/<stem>.kg`, of the self-test kernel `<stem>`
+/// (`src/cases/kernels/`), or of `src/cases/lang.kg` for `lang`.
 pub fn kernel_source(stem: &str) -> Option<&'static str> {
     match stem {
         "lang" => Some(super::lang::SOURCE),
-        _ => crate::bundled::source(stem),
+        _ => crate::bundled::source(stem).or_else(|| selftest_kernel_source(stem)),
     }
 }
 
 /// The file a case's kernel comes from, for messages.
 pub fn kernel_file_name(stem: &str) -> String {
-    match stem {
-        "lang" => "src/cases/lang.kg".to_string(),
-        _ => format!("kernels-src/{stem}.kg"),
+    if stem == "lang" {
+        "src/cases/lang.kg".to_string()
+    } else if crate::bundled::source(stem).is_some() {
+        format!("kernels-src/{stem}.kg")
+    } else {
+        format!("src/cases/kernels/{stem}.kg")
     }
+}
+
+/// Kernels that only the self-test runs (`src/cases/kernels/`): they check the
+/// language's semantics on the GPU against the interpreter, and are not ops (so not in
+/// `kernels-src/`, the op library).
+pub const SELFTEST_KERNELS: &[(&str, &str)] = &[("int_div", include_str!("kernels/int_div.kg"))];
+
+/// The source text of the self-test kernel `<stem>` (`src/cases/kernels/<stem>.kg`).
+pub fn selftest_kernel_source(stem: &str) -> Option<&'static str> {
+    SELFTEST_KERNELS
+        .iter()
+        .find(|(s, _)| *s == stem)
+        .map(|(_, t)| *t)
 }
 
 /// Every kernel in every bundled file with cases here: (file stem, kernel name). Files

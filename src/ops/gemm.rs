@@ -55,7 +55,8 @@ impl GemmConfig {
     }
 }
 
-/// The tuner's candidates, the default first.
+/// The tuner's candidates for operands whose rows allow `cp.async` copies (4-byte
+/// aligned or better), the default first; [`unaligned_candidates`] for the others.
 pub fn candidates() -> Vec<GemmConfig> {
     let c = |bm, bn, bk, warps, stages| GemmConfig {
         bm,
@@ -71,6 +72,26 @@ pub fn candidates() -> Vec<GemmConfig> {
         c(256, 128, 32, 8, 3),
         c(128, 128, 32, 8, 4),
         c(64, 128, 32, 4, 4),
+    ]
+}
+
+/// Candidates for operands whose rows are only 2-byte aligned (an odd K or N in f16/
+/// bf16): their tiles are copied element by element (`ld.global` + `st.shared`), which
+/// holds each element in a register on its way, so the tiles are smaller (measured: the
+/// 128 x 128 configurations spill there, tests/no_spills.rs).
+pub fn unaligned_candidates() -> Vec<GemmConfig> {
+    let c = |bm, bn, bk, warps, stages| GemmConfig {
+        bm,
+        bn,
+        bk,
+        warps,
+        stages,
+    };
+    vec![
+        c(128, 128, 32, 8, 3),
+        c(64, 64, 32, 4, 3),
+        c(64, 128, 32, 8, 3),
+        c(128, 64, 32, 8, 3),
     ]
 }
 
@@ -182,7 +203,12 @@ impl Ops {
             .tensors(&[&sa, &sb, bias_t, c])
             .word(ta as u64 | (tb as u64) << 1 | (bias.is_some() as u64) << 2)
             .word(act.code() as u64);
-        let cands = candidates();
+        let copyable = |t: &Tensor| kgen_runtime::tensor_alignment(t) >= 4;
+        let cands = if copyable(&sa) && copyable(&sb) {
+            candidates()
+        } else {
+            unaligned_candidates()
+        };
         let defines = |cfg: &GemmConfig| -> Vec<(&'static str, String)> {
             vec![
                 ("T", t.to_string()),

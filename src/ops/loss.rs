@@ -1038,6 +1038,12 @@ mod tests {
             c.cluster == 1 && c.slots > 0 && c.slots * c.block < 128256,
             "{c:?}"
         );
+        // Rows longer than the buffer are launched (the kernels load the tiles past
+        // SLOTS themselves: a scratch slot out of range would trap); the case table runs
+        // this one (`cross_entropy_cached T=f32 ... SLOTS=9 DEPTH=2 rows=2 V=40000`).
+        assert!(ce_configs(2, 40000, 4, false, true, false)
+            .iter()
+            .any(|c| (c.block, c.slots, c.depth, c.cluster) == (4096, 9, 2, 1)));
         // Every list still holds the two-pass kernel.
         assert!(ce_configs(8192, 50257, 2, true, true, false)
             .contains(&CeConfig::two_pass(4096, 16, 8192)));

@@ -30,9 +30,11 @@ use std::sync::{Arc, Mutex};
 pub mod act;
 pub mod capture;
 pub mod gemm;
+pub mod launchable;
 pub mod linear;
 pub mod loss;
 pub mod norm;
+mod norm_checks;
 mod plan;
 pub mod rope;
 
@@ -78,6 +80,47 @@ pub struct Ops {
     /// (the norm backwards' dw / db partials), reused across calls: see
     /// [`Ops::take_workspace`].
     workspace: Mutex<Option<Tensor>>,
+    /// A recording handle ([`Ops::recording`]): every kernel asked for, every candidate
+    /// of every tuning list built, nothing launched.
+    recorded: Option<Mutex<Vec<KernelRequest>>>,
+}
+
+/// One kernel specialization the op library asks for: a kernel of `kernels-src/`, its
+/// compile-time values, warps, blocks-per-SM bound and the tensors' alignments (what
+/// [`Ops::kernel_bounded`] compiles).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KernelRequest {
+    /// The file stem in `kernels-src/`.
+    pub stem: String,
+    pub kernel: String,
+    pub defines: Vec<(String, String)>,
+    pub num_warps: Option<u32>,
+    pub min_blocks_per_sm: Option<u32>,
+    /// Every tensor argument's alignment in bytes (16 where the tensor allows more).
+    pub tensor_align: Vec<(String, u32)>,
+}
+
+impl KernelRequest {
+    /// The kernel's source file.
+    pub fn source(&self) -> Option<SourceFile> {
+        let text = crate::bundled::source(&self.stem)?;
+        Some(SourceFile::new(
+            format!("kernels-src/{}.kg", self.stem),
+            text,
+        ))
+    }
+
+    /// Its compile options for `arch`.
+    pub fn compile_options(&self, arch: kgen_core::Arch) -> CompileOptions {
+        let mut opts = CompileOptions::new(arch).kernel(&self.kernel);
+        for (k, v) in &self.defines {
+            opts = opts.define(k, v);
+        }
+        opts.num_warps = self.num_warps;
+        opts.min_blocks_per_sm = self.min_blocks_per_sm;
+        opts.tensor_align = self.tensor_align.clone();
+        opts
+    }
 }
 
 impl Ops {
@@ -96,7 +139,33 @@ impl Ops {
             tuned: Mutex::new(HashMap::new()),
             plans: Mutex::new(HashMap::new()),
             workspace: Mutex::new(None),
+            recorded: None,
         }
+    }
+
+    /// A handle that records instead of running: every kernel an op asks for (every
+    /// candidate of a tuning list: all are built, as before tuning) is compiled and
+    /// noted ([`Ops::take_recorded`]), and no launch runs (outputs stay unwritten).
+    /// [`launchable::launchable_kernels`] drives every op through one.
+    pub fn recording(device: &Device) -> Ops {
+        Ops {
+            recorded: Some(Mutex::new(Vec::new())),
+            ..Ops::new(device)
+        }
+    }
+
+    /// The kernels a recording handle noted so far (each once, in request order); empty
+    /// for a handle that does not record.
+    pub fn take_recorded(&self) -> Vec<KernelRequest> {
+        self.recorded
+            .as_ref()
+            .and_then(|r| r.lock().ok().map(|mut v| std::mem::take(&mut *v)))
+            .unwrap_or_default()
+    }
+
+    /// Whether this handle records instead of launching ([`Ops::recording`]).
+    pub(crate) fn is_recording(&self) -> bool {
+        self.recorded.is_some()
     }
 
     pub fn device(&self) -> &Device {
@@ -194,6 +263,24 @@ impl Ops {
             return Ok(k);
         }
         let align = alignments(tensors);
+        if let Some(rec) = &self.recorded {
+            let request = KernelRequest {
+                stem: stem.to_string(),
+                kernel: name.to_string(),
+                defines: defines
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.clone()))
+                    .collect(),
+                num_warps,
+                min_blocks_per_sm,
+                tensor_align: align.clone(),
+            };
+            if let Ok(mut v) = rec.lock() {
+                if !v.contains(&request) {
+                    v.push(request);
+                }
+            }
+        }
         let text = crate::bundled::source(stem).ok_or_else(|| {
             OpError::Runtime(RuntimeError::Compile(format!(
                 "no bundled kernel file kernels-src/{stem}.kg"
@@ -217,6 +304,9 @@ impl Ops {
 
     /// Launches on this handle's stream.
     pub fn launch(&self, k: &Kernel, grid: [u32; 3], args: &[Arg]) -> Result<(), OpError> {
+        if self.is_recording() {
+            return Ok(());
+        }
         Ok(self.device.launch(&self.stream, k, grid, args)?)
     }
 

@@ -172,13 +172,19 @@ impl FwdConfig {
 /// ROWS=4 w=2 24.5 / 27.3, ROWS=2 w=2 25.1 / 28.2, ROWS=4 w=4 25.3 / 27.8, ROWS=4 w=8
 /// 27.7 / 28.8, ROWS=8 w=16 30.9 / 37.2; one row per block w=2 25.0 / 28.5: fewer, fuller
 /// threads win; 16 elements per thread loses (more warps meet at each block barrier).
-fn fwd_configs(rows: usize, cols: usize, sms: usize) -> Vec<FwdConfig> {
+///
+/// No candidate has more elements per thread than `cap` allows ([`PerThreadCap`]: 64,
+/// or 32 where 64 does not compile or spills).
+fn fwd_configs(rows: usize, cols: usize, sms: usize, cap: PerThreadCap) -> Vec<FwdConfig> {
     let block = norm_block(cols, MAX_ONE_TILE);
     let mut v = Vec::new();
     if block <= MAX_ROWS_KERNEL_BLOCK && rows >= ROWS_KERNEL_MIN_ROWS_PER_SM * sms {
         let max_r = (rows / (2 * sms).max(1)).max(1);
         let max_r = 1usize << max_r.ilog2();
         for (elems, per_thread) in [(4096, 64), (2048, 32), (4096, 32)] {
+            if per_thread > cap.multi_row {
+                continue;
+            }
             let r = (elems / block).min(max_r);
             if r < 2 {
                 continue;
@@ -213,6 +219,7 @@ fn fwd_configs(rows: usize, cols: usize, sms: usize) -> Vec<FwdConfig> {
     v.extend(
         fwd_warp_candidates(block)
             .into_iter()
+            .filter(|&w| block <= cap.one_row * 32 * w as usize)
             .map(|warps| FwdConfig {
                 rows_per_block: None,
                 block,
@@ -290,7 +297,8 @@ impl Ops {
         expect(OP, "y", y, t, x.shape())?;
         expect(OP, "rstd", rstd, DType::F32, &[rows])?;
         let (x2, y2) = (rows_view(OP, x, rows, cols)?, rows_view(OP, y, rows, cols)?);
-        let cfgs = fwd_configs(rows, cols, self.sm_count());
+        let cap = PerThreadCap::new(false, &[&x2, &y2]);
+        let cfgs = fwd_configs(rows, cols, self.sm_count(), cap);
         let args = [
             Arg::from(&x2),
             Arg::from(w),
@@ -364,7 +372,8 @@ impl Ops {
         let (x2, r2, h2, y2) = (view(x)?, view(residual)?, view(h)?, view(y)?);
         // One row per block (a multi-row form is not written): the forward's one-row
         // candidates.
-        let cfgs: Vec<FwdConfig> = fwd_configs(rows, cols, self.sm_count())
+        let cap = PerThreadCap::new(false, &[&x2, &r2, &h2, &y2]);
+        let cfgs: Vec<FwdConfig> = fwd_configs(rows, cols, self.sm_count(), cap)
             .into_iter()
             .filter(|c| c.rows_per_block.is_none())
             .collect();
@@ -501,7 +510,7 @@ impl Ops {
             }
             None => x2.clone(),
         };
-        let cfgs = self.bwd_configs(rows, cols);
+        let cfgs = self.bwd_configs(rows, cols, wide_rows(t, &[&x2, w, &dy2, &dx2, &dres2]));
         let g_max = cfgs.iter().map(|c| c.g).max().unwrap_or(1);
         let (workspace, partial_all) = self.take_workspace(&[g_max, cols])?;
         let tuned_op = if dres.is_some() {
@@ -595,7 +604,11 @@ impl Ops {
     /// vs 181 us with it); the first again without the bound; for rows of
     /// 2048 to 4096 also the two-pass path with BLOCK = half the row's (fewer registers,
     /// twice the blocks per SM; the second pass re-reads the row from L2). G ≤ rows.
-    fn bwd_configs(&self, rows: usize, cols: usize) -> Vec<BwdConfig> {
+    /// At 16 warps the bound leaves 64 registers per thread, which only 16-bit rows
+    /// read with 16-byte vectors fit (`wide_bound`): f32 rows, and 16-bit rows of 2-,
+    /// 4- or 8-byte alignment, spilled 4 to 124 bytes there (ptxas 13.0, sm_80 and
+    /// sm_90a: `tests/no_spills.rs`), so they run unbounded.
+    fn bwd_configs(&self, rows: usize, cols: usize, wide_bound: bool) -> Vec<BwdConfig> {
         let sms = self.sm_count();
         let block = norm_block(cols, MAX_ONE_TILE_BWD);
         let w = default_warps(block);
@@ -607,7 +620,7 @@ impl Ops {
                 block,
                 g,
                 warps,
-                min_blocks: (bound && g >= 2 * sms).then_some(2),
+                min_blocks: (bound && g >= 2 * sms && (warps < 16 || wide_bound)).then_some(2),
             };
             if !v.contains(&c) {
                 v.push(c);
@@ -666,7 +679,12 @@ impl Ops {
         expect(OP, "mean", mean, DType::F32, &[rows])?;
         expect(OP, "rstd", rstd, DType::F32, &[rows])?;
         let (x2, y2) = (rows_view(OP, x, rows, cols)?, rows_view(OP, y, rows, cols)?);
-        let cfgs = fwd_configs(rows, cols, self.sm_count());
+        let cfgs = fwd_configs(
+            rows,
+            cols,
+            self.sm_count(),
+            PerThreadCap::new(true, &[&x2, &y2]),
+        );
         let args = [
             Arg::from(&x2),
             Arg::from(w),
@@ -748,7 +766,7 @@ impl Ops {
         let x2 = rows_view(OP, x, rows, cols)?;
         let dy2 = rows_view(OP, dy, rows, cols)?;
         let dx2 = rows_view(OP, dx, rows, cols)?;
-        let cfgs = self.bwd_configs(rows, cols);
+        let cfgs = self.bwd_configs(rows, cols, wide_rows(t, &[&x2, w, &dy2, &dx2]));
         let g_max = cfgs.iter().map(|c| c.g).max().unwrap_or(1);
         let (workspace, parts) = self.take_workspace(&[2, g_max, cols])?;
         let (pw_all, pb_all) = (parts.select(0, 0)?, parts.select(0, 1)?);
@@ -833,6 +851,52 @@ impl Ops {
         self.give_back_workspace(workspace);
         Ok(())
     }
+}
+
+/// The most elements per thread of the forward candidates (`fwd_configs`), of the
+/// multi-row and of the one-row kernels.
+#[derive(Clone, Copy, Debug)]
+struct PerThreadCap {
+    multi_row: usize,
+    one_row: usize,
+}
+
+impl PerThreadCap {
+    /// 64, except: 32 for rows less than 16-byte aligned in `tensors` (read element by
+    /// element or in short vectors: at 64, each thread's share of a multi-row tile spans
+    /// twice the rows, their statistics and an address and a predicate per element live
+    /// at once, which the compiler refuses for `layernorm_rows`, a [128, 32] f32 tile at
+    /// 2 warps, the default candidate of `layernorm` on [33792, 7]; and ptxas spilled
+    /// 24-104 bytes at 255 registers for `add_rmsnorm`, f32, 4096 wide, 2 warps); and 32
+    /// for the one-row LayerNorm (`layernorm`: at 64 it needs about 278 registers, the
+    /// compiler refuses it). Found by `tests/no_spills.rs`.
+    fn new(layernorm: bool, tensors: &[&Tensor]) -> PerThreadCap {
+        let narrow = tensors
+            .iter()
+            .any(|x| kgen_runtime::tensor_alignment(x) < 16);
+        let cap = |c: bool| if c { 32 } else { 64 };
+        PerThreadCap {
+            multi_row: cap(narrow),
+            one_row: cap(narrow || layernorm),
+        }
+    }
+
+    /// No cap below 64 (the candidates as measured on 16-byte aligned rows).
+    #[cfg(test)]
+    const WIDE: PerThreadCap = PerThreadCap {
+        multi_row: 64,
+        one_row: 64,
+    };
+}
+
+/// Whether the norm backward's tensors of dtype `t` are 16-bit and read with 16-byte
+/// vectors (every one 16-byte aligned): the rows whose 16-warp kernels fit the bound of
+/// two blocks per SM.
+fn wide_rows(t: DType, tensors: &[&Tensor]) -> bool {
+    t.size_bytes() == 2
+        && tensors
+            .iter()
+            .all(|x| kgen_runtime::tensor_alignment(x) >= 16)
 }
 
 /// One launch configuration of `rmsnorm_bwd` / `layernorm_bwd`. `min_blocks`: compile
@@ -941,153 +1005,17 @@ pub(crate) fn poisoned_on(
         .map_err(|e| e.to_string())
 }
 
-fn read(t: &Tensor) -> Result<Vec<f64>, String> {
-    t.to_f64_vec().map_err(|e| e.to_string())
-}
-
-/// Each norm op once on `[rows, C]` bf16 (one-tile and multi-tile rows) against f64.
-pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
-    let ops = Ops::new(device);
-    let mut out = Vec::new();
-    for &(rows, cols, t) in &[
-        (1000usize, 4097usize, DType::BF16),
-        (300, 768, DType::F32),
-        (37, 9000, DType::F16),
-        // Enough rows for the multi-row forward kernels (`*_rows`).
-        (4097, 768, DType::BF16),
-    ] {
-        out.push((
-            format!("rmsnorm fwd+bwd {t} [{rows}x{cols}]"),
-            check_rmsnorm(&ops, rows, cols, t),
-        ));
-        out.push((
-            format!("layernorm fwd+bwd {t} [{rows}x{cols}]"),
-            check_layernorm(&ops, rows, cols, t),
-        ));
-        out.push((
-            format!("add_rmsnorm fwd+bwd {t} [{rows}x{cols}]"),
-            check_add_rmsnorm(&ops, rows, cols, t),
-        ));
-    }
-    out
-}
-
-/// `add_rmsnorm` against f64: h = x + residual rounded to T, then y, rstd of h.
-fn check_add_rmsnorm(ops: &Ops, rows: usize, cols: usize, t: DType) -> Result<f64, String> {
-    let d = ops.device();
-    let e = |x: OpError| x.to_string();
-    let mut rng = crate::cases::Rng::new(23);
-    let (x, xv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
-    let (res, rv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
-    let (w, wv) = random_on(d, &mut rng, t, &[cols], Some((0.5, 1.5)))?;
-    let (h, y) = (
-        poisoned_on(d, t, &[rows, cols])?,
-        poisoned_on(d, t, &[rows, cols])?,
-    );
-    let rstd = poisoned_on(d, DType::F32, &[rows])?;
-    ops.add_rmsnorm_into(&x, &res, &w, &h, &y, &rstd, 1e-5)
-        .map_err(e)?;
-    let sum: Vec<f64> = xv.iter().zip(&rv).map(|(a, b)| a + b).collect();
-    let h_ref = kgen_core::host::HostTensor::from_f64(t, &[rows, cols], &sum).to_f64_vec();
-    let (y_ref, r_ref) = crate::cases::rmsnorm::reference(&h_ref, &wv, cols, 1e-5);
-    let tol = rounding_tol(t);
-    let mut worst = max_rel_err(&read(&h)?, &h_ref, tol).map_err(|m| format!("h: {m}"))?;
-    worst = worst.max(max_rel_err(&read(&y)?, &y_ref, tol).map_err(|m| format!("y: {m}"))?);
-    worst = worst.max(max_rel_err(&read(&rstd)?, &r_ref, 1e-4).map_err(|m| format!("rstd: {m}"))?);
-    // The backward: dh = dh_residual + rmsnorm's dx of h, and dw.
-    let (dy, dyv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
-    let (dres, dresv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
-    let (dh, dw) = (
-        poisoned_on(d, t, &[rows, cols])?,
-        poisoned_on(d, t, &[cols])?,
-    );
-    ops.add_rmsnorm_backward_into(&h, &w, &rstd, &dy, &dres, &dh, &dw)
-        .map_err(e)?;
-    let rstd_v = read(&rstd)?;
-    let (dx_ref, dw_ref) =
-        crate::cases::norm_bwd::rmsnorm_bwd_reference(&h_ref, &wv, &dyv, &rstd_v, cols, 1);
-    let dh_ref: Vec<f64> = dx_ref.iter().zip(&dresv).map(|(a, b)| a + b).collect();
-    worst = worst.max(max_rel_err(&read(&dh)?, &dh_ref, tol).map_err(|m| format!("dh: {m}"))?);
-    Ok(worst
-        .max(max_rel_err(&read(&dw)?, &dw_ref, sum_tol(t, rows)).map_err(|m| format!("dw: {m}"))?))
-}
-
-/// Tolerance of a column sum over `rows` f32-accumulated terms.
-fn sum_tol(t: DType, rows: usize) -> f64 {
-    rounding_tol(t).max(1e-6 * rows as f64 + 1e-4)
-}
-
-fn check_rmsnorm(ops: &Ops, rows: usize, cols: usize, t: DType) -> Result<f64, String> {
-    let d = ops.device();
-    let e = |x: OpError| x.to_string();
-    let mut rng = crate::cases::Rng::new(21);
-    let (x, xv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
-    let (w, wv) = random_on(d, &mut rng, t, &[cols], Some((0.5, 1.5)))?;
-    let (dy, dyv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
-    let (y, rstd) = (
-        poisoned_on(d, t, &[rows, cols])?,
-        poisoned_on(d, DType::F32, &[rows])?,
-    );
-    let (dx, dw) = (
-        poisoned_on(d, t, &[rows, cols])?,
-        poisoned_on(d, t, &[cols])?,
-    );
-    ops.rmsnorm_into(&x, &w, &y, &rstd, 1e-5).map_err(e)?;
-    ops.rmsnorm_backward_into(&x, &w, &rstd, &dy, &dx, &dw)
-        .map_err(e)?;
-    let (y_ref, r_ref) = crate::cases::rmsnorm::reference(&xv, &wv, cols, 1e-5);
-    let (dx_ref, part) =
-        crate::cases::norm_bwd::rmsnorm_bwd_reference(&xv, &wv, &dyv, &r_ref, cols, 1);
-    let tol = rounding_tol(t);
-    let mut worst = max_rel_err(&read(&y)?, &y_ref, tol).map_err(|m| format!("y: {m}"))?;
-    worst = worst.max(max_rel_err(&read(&rstd)?, &r_ref, 1e-4).map_err(|m| format!("rstd: {m}"))?);
-    worst = worst.max(max_rel_err(&read(&dx)?, &dx_ref, tol).map_err(|m| format!("dx: {m}"))?);
-    worst = worst
-        .max(max_rel_err(&read(&dw)?, &part, sum_tol(t, rows)).map_err(|m| format!("dw: {m}"))?);
-    Ok(worst)
-}
-
-fn check_layernorm(ops: &Ops, rows: usize, cols: usize, t: DType) -> Result<f64, String> {
-    let d = ops.device();
-    let e = |x: OpError| x.to_string();
-    let mut rng = crate::cases::Rng::new(22);
-    let (x, xv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
-    let (w, wv) = random_on(d, &mut rng, t, &[cols], Some((0.5, 1.5)))?;
-    let (b, bv) = random_on(d, &mut rng, t, &[cols], Some((0.1, 1.0)))?;
-    let (dy, dyv) = random_on(d, &mut rng, t, &[rows, cols], None)?;
-    let y = poisoned_on(d, t, &[rows, cols])?;
-    let (mean, rstd) = (
-        poisoned_on(d, DType::F32, &[rows])?,
-        poisoned_on(d, DType::F32, &[rows])?,
-    );
-    let dx = poisoned_on(d, t, &[rows, cols])?;
-    let (dw, db) = (poisoned_on(d, t, &[cols])?, poisoned_on(d, t, &[cols])?);
-    ops.layernorm_into(&x, &w, &b, &y, &mean, &rstd, 1e-5)
-        .map_err(e)?;
-    ops.layernorm_backward_into(&x, &w, &mean, &rstd, &dy, &dx, &dw, &db)
-        .map_err(e)?;
-    let (y_ref, m_ref, r_ref) = crate::cases::layernorm::reference(&xv, &wv, &bv, cols, 1e-5);
-    let (dx_ref, dw_ref, db_ref) =
-        crate::cases::norm_bwd::layernorm_bwd_reference(&xv, &wv, &dyv, &m_ref, &r_ref, cols, 1);
-    let tol = rounding_tol(t);
-    let mut worst = max_rel_err(&read(&y)?, &y_ref, tol).map_err(|m| format!("y: {m}"))?;
-    worst = worst.max(max_rel_err(&read(&mean)?, &m_ref, 1e-4).map_err(|m| format!("mean: {m}"))?);
-    worst = worst.max(max_rel_err(&read(&rstd)?, &r_ref, 1e-4).map_err(|m| format!("rstd: {m}"))?);
-    worst = worst.max(max_rel_err(&read(&dx)?, &dx_ref, tol).map_err(|m| format!("dx: {m}"))?);
-    let st = sum_tol(t, rows);
-    worst = worst.max(max_rel_err(&read(&dw)?, &dw_ref, st).map_err(|m| format!("dw: {m}"))?);
-    worst = worst.max(max_rel_err(&read(&db)?, &db_ref, st).map_err(|m| format!("db: {m}"))?);
-    Ok(worst)
-}
+pub use super::norm_checks::gpu_checks;
 
 #[cfg(test)]
 mod tests {
+    use super::super::norm_checks::{check_layernorm, check_rmsnorm};
     use super::*;
 
     #[test]
     fn fwd_configs_put_multi_row_blocks_first_for_many_short_rows() {
         let labels = |rows, cols| -> Vec<String> {
-            fwd_configs(rows, cols, 132)
+            fwd_configs(rows, cols, 132, PerThreadCap::WIDE)
                 .iter()
                 .map(FwdConfig::label)
                 .collect()
@@ -1106,10 +1034,10 @@ mod tests {
             ]
         );
         // Few rows, or rows longer than one 4096 tile: one row per block only.
-        assert!(fwd_configs(1000, 768, 132)
+        assert!(fwd_configs(1000, 768, 132, PerThreadCap::WIDE)
             .iter()
             .all(|c| c.rows_per_block.is_none()));
-        assert!(fwd_configs(16384, 8192, 132)
+        assert!(fwd_configs(16384, 8192, 132, PerThreadCap::WIDE)
             .iter()
             .all(|c| c.rows_per_block.is_none()));
         // Rows of 2048 to 4096: one row per block first, then two rows per block.
@@ -1125,7 +1053,7 @@ mod tests {
             ]
         );
         // Tiny rows: ROWS capped so that every SM gets at least two blocks.
-        for c in fwd_configs(2000, 7, 132) {
+        for c in fwd_configs(2000, 7, 132, PerThreadCap::WIDE) {
             if let Some(r) = c.rows_per_block {
                 assert!(r >= 2 && 2000usize.div_ceil(r) >= 2 * 132, "{c:?}");
             }
@@ -1138,10 +1066,19 @@ mod tests {
     fn multi_row_forward_matches_f64() {
         let d = Device::interpreter();
         let ops = Ops::new(&d);
-        for &(rows, cols, t) in &[(1101usize, 768usize, DType::BF16), (1057, 7, DType::F32)] {
-            assert!(fwd_configs(rows, cols, ops.sm_count())[0]
-                .rows_per_block
-                .is_some());
+        // Enough rows for the largest ROWS (128 rows of 32, 64 of 64): with rows not
+        // 16-byte aligned, the default candidate used to be refused by the compiler.
+        for &(rows, cols, t) in &[
+            (1101usize, 768usize, DType::BF16),
+            (1057, 7, DType::F32),
+            (33792, 7, DType::F32),
+            (16896, 63, DType::BF16),
+        ] {
+            assert!(
+                fwd_configs(rows, cols, ops.sm_count(), PerThreadCap::WIDE)[0]
+                    .rows_per_block
+                    .is_some()
+            );
             check_rmsnorm(&ops, rows, cols, t).unwrap();
             check_layernorm(&ops, rows, cols, t).unwrap();
         }

@@ -114,6 +114,12 @@ impl Ops {
         build: &(dyn Fn(usize) -> Result<(), OpError> + Sync),
         time: impl Fn(usize) -> Result<f32, OpError>,
     ) -> (usize, bool) {
+        if self.is_recording() {
+            // Every candidate is a kernel the op can launch: build (and so record) them
+            // all, as before timing.
+            build_all(labels.len(), build);
+            return (0, true);
+        }
         if !(labels.len() > 1 && self.device().is_gpu() && self.tuner().enabled()) {
             return (0, true);
         }
@@ -266,6 +272,7 @@ impl Ops {
                 self.launch(k, grid, args)?;
                 Ok(0.0)
             }
+            Pass::Timed if self.is_recording() => Ok(0.0),
             Pass::Timed => Ok(self.device().launch_timed(self.stream(), k, grid, args)?),
         }
     }

@@ -5,7 +5,8 @@
 //! Assumes: called from the builtin dispatch with arity-checked arguments.
 //! Guarantees: a buffer is a constant number (>= 1) of tiles of one constant shape and a
 //! numeric dtype, registered in `Function::scratch`; a store's value is a tile of exactly
-//! that dtype and shape (no implicit conversion or broadcast); slots are `i32` scalars;
+//! that dtype and shape (no implicit conversion or broadcast); slots are `i32` scalars,
+//! and a constant slot is one of the buffer's (0..N, else a located `BadAccess`);
 //! a fetch reads a tensor of the buffer's dtype and the slots' rank (its tile has the
 //! slot shape); a wait leaves a constant 0..=7 fetches in flight.
 //! Each `scratch(...)` call in the source is one buffer that lives for the whole kernel
@@ -59,7 +60,7 @@ impl Checker<'_> {
         let Some(buf) = self.expect_scratch(&a.p(0)) else {
             return Ev::Poison;
         };
-        let slot = self.scratch_slot(&a.p(1));
+        let slot = self.scratch_slot(buf, &a.p(1));
         let (v, vs) = a.p(2);
         let tile = self.expect_tile(&(v, vs));
         let (Some(slot), Some((v, d, s))) = (slot, tile) else {
@@ -99,7 +100,7 @@ impl Checker<'_> {
         let Some(buf) = self.expect_scratch(&a.p(0)) else {
             return Ev::Poison;
         };
-        let Some(slot) = self.scratch_slot(&a.p(1)) else {
+        let Some(slot) = self.scratch_slot(buf, &a.p(1)) else {
             return Ev::Poison;
         };
         let b = &self.func.scratch[buf as usize];
@@ -113,7 +114,7 @@ impl Checker<'_> {
         let Some(buf) = self.expect_scratch(&a.p(0)) else {
             return Ev::Poison;
         };
-        let slot = self.scratch_slot(&a.p(1));
+        let slot = self.scratch_slot(buf, &a.p(1));
         let Some((t, tp)) = self.tensor_arg(&a.p(2)) else {
             return Ev::Poison;
         };
@@ -168,7 +169,7 @@ impl Checker<'_> {
         let Some(buf) = self.expect_scratch(&a.p(0)) else {
             return Ev::Poison;
         };
-        let Some(slot) = self.scratch_slot(&a.p(1)) else {
+        let Some(slot) = self.scratch_slot(buf, &a.p(1)) else {
             return Ev::Poison;
         };
         let b = &self.func.scratch[buf as usize];
@@ -260,11 +261,32 @@ impl Checker<'_> {
         }
     }
 
-    /// A slot index: an `i32` scalar value or an integer constant.
-    fn scratch_slot(&mut self, (e, sp): &(Ev, Span)) -> Option<crate::ir::ValueId> {
+    /// A slot index of buffer `buf`: an `i32` scalar value or an integer constant, which
+    /// must be one of the buffer's slots (a runtime slot is checked when it runs: an
+    /// error in the interpreter, a trap on the GPU).
+    fn scratch_slot(&mut self, buf: u32, (e, sp): &(Ev, Span)) -> Option<crate::ir::ValueId> {
         match e {
             Ev::Value(v) if self.ty(*v) == ValueType::Scalar(DType::I32) => Some(*v),
-            Ev::Int(_) => self.materialize(e, DType::I32, *sp),
+            Ev::Int(k) => {
+                let b = &self.func.scratch[buf as usize];
+                if *k < 0 || *k >= b.slots as i128 {
+                    let (name, n, decl) = (b.name.clone(), b.slots, b.span);
+                    self.push(
+                        Diagnostic::error(
+                            ErrorCode::BadAccess,
+                            *sp,
+                            format!("slot {k} is out of range: `{name}` has slots 0..{n}"),
+                        )
+                        .with_secondary(decl, format!("`{name}` is declared here with {n} slots"))
+                        .with_note(format!(
+                            "help: use a slot from 0 to {}, or declare more slots",
+                            n - 1
+                        )),
+                    );
+                    return None;
+                }
+                self.materialize(e, DType::I32, *sp)
+            }
             Ev::Poison => None,
             other => {
                 let desc = self.describe(other);

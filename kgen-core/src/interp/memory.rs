@@ -20,7 +20,7 @@ use crate::ir::TensorParam;
 use half::{bf16, f16};
 
 /// Marks an element that is not accessed.
-const SKIP: usize = usize::MAX;
+pub(crate) const SKIP: usize = usize::MAX;
 /// The largest extent or stride a kernel receives (they travel as `.s32`).
 const MAX_INDEX: usize = i32::MAX as usize;
 

@@ -47,7 +47,7 @@ pub(crate) use fold::{fold_binary, fold_cast, fold_compare, fold_unary};
 
 use crate::host::ArgValue;
 use crate::ir::{Block, Function, Op, ParamKind, ValueId};
-use crate::types::{DType, Scalar, ValueType};
+use crate::types::{DType, ValueType};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use value::{checked_numel, scalar_data, Data, Val};
@@ -75,6 +75,16 @@ pub enum InterpError {
     FetchInFlight {
         what: String,
         slot: usize,
+        buf: String,
+    },
+    #[error(
+        "{what} of slot {slot} of scratch buffer `{buf}`, which has slots 0..{slots} \
+         (a GPU traps here: the launch fails)"
+    )]
+    ScratchSlot {
+        what: String,
+        slot: i64,
+        slots: usize,
         buf: String,
     },
     #[error("argument {index}: expected rank {expected}, got {got} extents and {strides} strides")]
@@ -300,7 +310,7 @@ struct Machine<'a> {
     scratch: Vec<Vec<Option<Rc<Val>>>>,
     /// This block's `scratch_fetch`es not yet completed by a `scratch_wait`, oldest
     /// first: (buffer, slot, the tile read at the fetch), or None for a fetch into an
-    /// out-of-range slot (it copies nothing but counts).
+    /// out-of-range slot that had nothing to copy (it counts).
     fetches: VecDeque<Option<(u32, usize, Rc<Val>)>>,
 }
 
@@ -364,15 +374,17 @@ impl Machine<'_> {
     }
 
     /// Starts a fetch into `slot` of `buf` (`what`: the instruction): its data is read now
-    /// by `read(self, dtype, slot shape)` and lands in the slot when a wait completes the
-    /// fetch (until then the slot may not be read or written). A slot out of range reads
-    /// nothing but still counts as a fetch.
+    /// by `read(self, dtype, slot shape)`, which also says whether any element came from
+    /// the tensor (not out of bounds, not masked off), and lands in the slot when a wait
+    /// completes the fetch (until then the slot may not be read or written). A fetch
+    /// into a slot out of range is an error when it has anything to copy; with nothing
+    /// to copy (the fetches past a row's end in a pipelined loop) it only counts.
     fn start_fetch(
         &mut self,
         buf: u32,
         slot: ValueId,
         what: &str,
-        read: impl FnOnce(&Self, DType, &[u32]) -> Result<Data, InterpError>,
+        read: impl FnOnce(&Self, DType, &[u32]) -> Result<(Data, bool), InterpError>,
     ) -> Result<(), InterpError> {
         let k = self.scratch_slot(buf, slot)?;
         let b = self
@@ -382,12 +394,18 @@ impl Machine<'_> {
             .ok_or_else(|| bad("no such scratch buffer"))?;
         let (d, s) = (b.dtype, b.slot_shape.clone());
         let fetch = match k {
-            Some(k) => {
+            Ok(k) => {
                 self.check_no_fetch_in_flight(buf, k, what)?;
-                let data = read(self, d, &s)?;
+                let (data, _) = read(self, d, &s)?;
                 Some((buf, k, Rc::new(Val::new(d, s, data)?)))
             }
-            None => None,
+            Err(slot) => {
+                let (_, copies) = read(self, d, &s)?;
+                if copies {
+                    return Err(self.slot_error(buf, slot, what));
+                }
+                None
+            }
         };
         self.fetches.push_back(fetch);
         Ok(())
@@ -414,9 +432,8 @@ impl Machine<'_> {
         Ok(())
     }
 
-    /// The slot index of a scratch access: `Some(k)` in range, `None` out of range
-    /// (masked).
-    fn scratch_slot(&self, buf: u32, slot: ValueId) -> Result<Option<usize>, InterpError> {
+    /// The slot index of a scratch access: `Ok(k)` in range, `Err(slot)` out of range.
+    fn scratch_slot(&self, buf: u32, slot: ValueId) -> Result<Result<usize, i64>, InterpError> {
         let slots = self
             .scratch
             .get(buf as usize)
@@ -426,7 +443,33 @@ impl Machine<'_> {
             .get(slot)?
             .as_i64()
             .ok_or_else(|| bad("scratch slot is not an integer scalar"))?;
-        Ok(usize::try_from(k).ok().filter(|&k| k < slots))
+        Ok(usize::try_from(k).ok().filter(|&i| i < slots).ok_or(k))
+    }
+
+    /// The slot index of a `scratch_load` / `scratch_store` (`what`), which must be in
+    /// range.
+    fn scratch_slot_in_range(
+        &self,
+        buf: u32,
+        slot: ValueId,
+        what: &str,
+    ) -> Result<usize, InterpError> {
+        self.scratch_slot(buf, slot)?
+            .map_err(|k| self.slot_error(buf, k, what))
+    }
+
+    /// The error for an access (`what`) to slot `slot` of `buf`, out of range.
+    fn slot_error(&self, buf: u32, slot: i64, what: &str) -> InterpError {
+        InterpError::ScratchSlot {
+            what: what.to_string(),
+            slot,
+            slots: self.scratch.get(buf as usize).map_or(0, Vec::len),
+            buf: self
+                .func
+                .scratch
+                .get(buf as usize)
+                .map_or_else(|| format!("#{buf}"), |b| b.name.clone()),
+        }
     }
 
     /// Runs `f` on tensor parameter `t`.
@@ -705,41 +748,23 @@ impl Machine<'_> {
                 exclusive,
             } => scan::scan(*op, &*self.get(*value)?, *axis, *reverse, *exclusive)?,
             Op::ScratchLoad { buf, slot } => {
-                let (d, s) = self.result_type(results)?;
-                let k = self.scratch_slot(*buf, *slot)?;
-                if let Some(k) = k {
-                    self.check_no_fetch_in_flight(*buf, k, "scratch_load")?;
-                }
-                match k {
-                    Some(k) => match &self.scratch[*buf as usize][k] {
-                        Some(v) => (**v).clone(),
-                        None => {
-                            return Err(bad(format!(
-                                "scratch_load of slot {k} of buffer #{buf}, which this block \
-                                 has not stored"
-                            )))
-                        }
-                    },
-                    // Out of range: masked, reads 0.
+                let k = self.scratch_slot_in_range(*buf, *slot, "scratch_load")?;
+                self.check_no_fetch_in_flight(*buf, k, "scratch_load")?;
+                match &self.scratch[*buf as usize][k] {
+                    Some(v) => (**v).clone(),
                     None => {
-                        let n = checked_numel(&s)?;
-                        let zero = if d.is_float() {
-                            Scalar::Float(0.0, d)
-                        } else if d == DType::Bool {
-                            Scalar::Bool(false)
-                        } else {
-                            Scalar::Int(0, d)
-                        };
-                        Val::new(d, s, scalar_data(d, zero, n))?
+                        return Err(bad(format!(
+                            "scratch_load of slot {k} of buffer #{buf}, which this block \
+                             has not stored"
+                        )))
                     }
                 }
             }
             Op::ScratchStore { buf, slot, value } => {
                 let v = self.get(*value)?;
-                if let Some(k) = self.scratch_slot(*buf, *slot)? {
-                    self.check_no_fetch_in_flight(*buf, k, "scratch_store")?;
-                    self.scratch[*buf as usize][k] = Some(v);
-                }
+                let k = self.scratch_slot_in_range(*buf, *slot, "scratch_store")?;
+                self.check_no_fetch_in_flight(*buf, k, "scratch_store")?;
+                self.scratch[*buf as usize][k] = Some(v);
                 return Ok(None);
             }
             Op::ScratchFetch {
@@ -757,7 +782,11 @@ impl Machine<'_> {
                             return Err(bad(format!("fetch of {d} from a {} tensor", t.dtype)));
                         }
                         let offs = memory::tile_offsets(t, &base, s)?;
-                        memory::read(t, &offs, &scalar_data(d, *padding, 1))
+                        let copies = offs.iter().any(|&o| o != memory::SKIP);
+                        Ok((
+                            memory::read(t, &offs, &scalar_data(d, *padding, 1))?,
+                            copies,
+                        ))
                     })
                 })?;
                 return Ok(None);
@@ -779,7 +808,8 @@ impl Machine<'_> {
                             return Err(bad(format!("gather of {d} from a {} tensor", t.dtype)));
                         }
                         let offs = memory::coord_offsets(t, &refs, mask.as_deref(), s)?;
-                        memory::read(t, &offs, &scalar_data(d, *other, 1))
+                        let copies = offs.iter().any(|&o| o != memory::SKIP);
+                        Ok((memory::read(t, &offs, &scalar_data(d, *other, 1))?, copies))
                     })
                 })?;
                 return Ok(None);

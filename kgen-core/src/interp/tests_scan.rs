@@ -12,6 +12,8 @@ use super::tests::*;
 use super::*;
 use crate::host::HostTensor;
 use crate::ir::ScanOp;
+#[allow(unused_imports)]
+use crate::types::Scalar;
 
 /// `y = scan(load(x, [0, ...], shape))` over a whole tensor of `shape`.
 fn scan_kernel(d: DType, shape: &[u32], op: ScanOp, axis: u8, rev: bool, excl: bool) -> Function {

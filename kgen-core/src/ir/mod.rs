@@ -45,8 +45,9 @@ pub struct Function {
 
 /// A block-local scratch buffer: `slots` tiles of `dtype` and shape `slot_shape`, alive
 /// for the whole kernel, private to the block (shared memory on the GPU). A slot that
-/// the block has not stored reads as unspecified data; out-of-range slots are masked
-/// (stores dropped, loads read 0).
+/// the block has not stored reads as unspecified data. A store or load of a slot outside
+/// `0..slots` is an error: the interpreter reports it, the GPU traps (the launch fails);
+/// a fetch into one is allowed only when it copies nothing (see `ScratchFetch`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScratchBuf {
     /// The variable it is bound to (for messages and the IR text), else "scratch".
@@ -182,10 +183,13 @@ pub enum BinaryOp {
     Add,
     Sub,
     Mul,
-    /// Integer division truncates toward zero; division by zero yields an unspecified
-    /// value (the interpreter gives all ones, like the hardware).
+    /// Integer division truncates toward zero. Every result is defined, the same on the
+    /// GPU and in the interpreter: `x / 0` is all ones (-1 for i32 and i64, 4294967295
+    /// for u32) and `MIN / -1` wraps to `MIN` (PTX leaves both to the machine: the PTX
+    /// back end guards the division, `back/ptx/lower/int_div.rs`).
     Div,
-    /// Integer remainder has the sign of the dividend; float `%` is `fmod`.
+    /// Integer remainder has the sign of the dividend; `x % 0` is `x` and `MIN % -1` is
+    /// 0 (defined as for `Div`). Float `%` is `fmod`.
     Rem,
     /// Float min/max ignore a NaN operand (IEEE minNum/maxNum, PTX `min.f32`); both NaN
     /// gives NaN.
@@ -445,8 +449,10 @@ pub enum Op {
     /// `tensor` at tile coordinates `index` (the slot's shape; out-of-bounds elements
     /// read `padding`) into slot `slot` of `buf`, asynchronously: the slot may be read
     /// or written only after a `ScratchWait` has completed the fetch. Every fetch is one
-    /// group of the block's in-flight fetches (an out-of-range slot too: nothing is
-    /// copied, but it counts). No results.
+    /// group of the block's in-flight fetches. A fetch into a slot outside `0..slots`
+    /// whose elements are all out of bounds (masked off, for a `ScratchGather`) copies
+    /// nothing and still counts (the fetches past a row's end in a pipelined loop); one
+    /// with any element to copy is an error, as a store there is. No results.
     ScratchFetch {
         buf: u32,
         slot: ValueId,

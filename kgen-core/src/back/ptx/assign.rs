@@ -588,8 +588,9 @@ pub fn value_regs(func: &Function, asg: &Assignment, v: ValueId) -> u32 {
 /// Element-wise and shape-op tile values that only feed element-wise instructions close
 /// after them in the same block (`where(acc > 0.0, acc, 0.0)`'s comparison, GELU's
 /// intermediate products, a bias row broadcast over the accumulator): ptxas computes
-/// such a chain element by element, so they cost a few registers, not a whole tile each. The estimate counts them as nothing; `ptxas -v`
-/// (the no-spill tests) is the judge of the rest.
+/// such a chain element by element, so they cost a few registers, not a whole tile each.
+/// The estimate counts them as nothing; `ptxas -v` (the no-spill tests) is the judge of
+/// the rest.
 fn transient_values(func: &Function) -> std::collections::HashSet<ValueId> {
     /// How many instructions after its definition a transient value may still be read.
     const WINDOW: usize = 8;
@@ -644,9 +645,18 @@ fn transient_values(func: &Function) -> std::collections::HashSet<ValueId> {
     out
 }
 
-/// Peak number of 32-bit registers held by simultaneously live values, and an
-/// instruction at the peak. Values used inside a loop stay live for the whole loop.
-pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<crate::ir::InstId>) {
+/// The register estimate of a kernel: the peak number of 32-bit registers held by
+/// simultaneously live values, an instruction at the peak, and the values live there
+/// with their registers (largest first).
+pub struct RegisterEstimate {
+    pub regs: u32,
+    pub at: Option<crate::ir::InstId>,
+    pub live: Vec<(ValueId, u32)>,
+}
+
+/// The register estimate ([`RegisterEstimate`]). Values used inside a loop stay live
+/// for the whole loop.
+pub fn estimate_registers(func: &Function, asg: &Assignment) -> RegisterEstimate {
     struct Walk {
         pos: usize,
         def: HashMap<ValueId, usize>,
@@ -733,15 +743,18 @@ pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<cra
     let transient = transient_values(func);
     let n = w.pos + 2;
     let mut diff = vec![0i64; n + 1];
+    let mut spans = Vec::with_capacity(w.def.len());
     for (&v, &d) in &w.def {
         let l = w.last.get(&v).copied().unwrap_or(d).max(d).min(n - 1);
         let r = if transient.contains(&v) {
             0
         } else {
-            value_regs(func, asg, v) as i64
+            value_regs(func, asg, v)
         };
-        diff[d.min(n - 1)] += r;
-        diff[l + 1] -= r;
+        let d = d.min(n - 1);
+        diff[d] += r as i64;
+        diff[l + 1] -= r as i64;
+        spans.push((v, d, l, r));
     }
     let (mut cur, mut best, mut best_at) = (0i64, 0i64, 0usize);
     for (p, d) in diff.iter().enumerate() {
@@ -751,8 +764,17 @@ pub fn estimate_registers(func: &Function, asg: &Assignment) -> (u32, Option<cra
             best_at = p;
         }
     }
-    let at = w.at.get(best_at.saturating_sub(1)).copied();
-    (best.max(0) as u32, at)
+    let mut live: Vec<(ValueId, u32)> = spans
+        .into_iter()
+        .filter(|&(_, d, l, r)| d <= best_at && best_at <= l && r > 0)
+        .map(|(v, _, _, r)| (v, r))
+        .collect();
+    live.sort_by_key(|&(v, r)| (std::cmp::Reverse(r), v.index()));
+    RegisterEstimate {
+        regs: best.max(0) as u32,
+        at: w.at.get(best_at.saturating_sub(1)).copied(),
+        live,
+    }
 }
 
 #[cfg(test)]

@@ -512,6 +512,9 @@ pub struct Module {
     pub entry: String,
     pub params: Vec<ParamDecl>,
     pub max_ntid: u32,
+    /// `.maxnreg`: the registers per thread ptxas may use (kgen's budget for the block
+    /// size and `.minnctapersm`).
+    pub max_nreg: u32,
     /// `.minnctapersm`: blocks per SM the register allocation must allow.
     pub min_ctas_per_sm: Option<u32>,
     /// Highest register number used per class (index = `RegClass::index`).

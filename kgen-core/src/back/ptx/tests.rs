@@ -842,7 +842,14 @@ fn limits_are_target_errors() {
     )
     .expect_err("too big");
     assert_eq!(e.0[0].code, ErrorCode::TargetLimit);
-    assert!(e.0[0].notes[0].contains("smaller tiles or more warps"));
+    // The tile, and chunks that fit (no warp count does: 64 per thread at 32 warps).
+    let notes = e.0[0].notes.join("\n");
+    assert!(
+        notes.contains("tile<f32, [65536]>: 512 registers"),
+        "{notes}"
+    );
+    assert!(notes.contains("in chunks of 16384"), "{notes}");
+    assert!(!notes.contains("warps it needs"), "{notes}");
     let e = write(
         &f,
         &ModuleInfo::default(),

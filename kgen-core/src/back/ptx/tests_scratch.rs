@@ -1,5 +1,6 @@
 //! Scratch buffers in PTX: placement at the start of `kg_smem` (the conversion scratch
-//! after them), thread-private 16-byte chunks with no barrier, masked slots; asynchronous
+//! after them), thread-private 16-byte chunks with no barrier, slots out of range that
+//! trap (interpreter: an error) unless a fetch has nothing to copy; asynchronous
 //! fetches (`cp.async` groups counted by `scratch_wait`, or issued loads whose stores
 //! wait until the fetch must be complete) and their interpreter semantics.
 
@@ -49,8 +50,12 @@ fn scratch_slots_are_thread_private_chunks_before_the_conversion_scratch() {
     // One 16-byte chunk per thread and slot: 8 bf16 elements, 128 threads.
     assert_eq!(ptx.matches("st.shared.v4.b32").count(), 1, "{ptx}");
     assert_eq!(ptx.matches("ld.shared.v4.b32").count(), 1, "{ptx}");
-    // Slots are masked (out of range: dropped / read as 0).
-    assert!(ptx.contains("setp.lt.u32"), "{ptx}");
+    // A slot out of range traps: one `@!p trap` before the store and the load, which
+    // are not predicated on the slot.
+    assert_eq!(ptx.matches("trap;").count(), 2, "{ptx}");
+    for line in ptx.lines().filter(|l| l.contains(".shared.v4.b32")) {
+        assert!(!line.trim_start().starts_with('@'), "{line}");
+    }
     // No barrier orders the scratch accesses: only the reduction's pair.
     assert_eq!(ptx.matches("bar.sync").count(), 2, "{ptx}");
     let file = crate::SourceFile::new("cached.kg", SRC);
@@ -229,4 +234,101 @@ fn fetches_complete_at_the_wait_in_the_interpreter() {
     let clash = FETCH_SRC.replace("(k + D) % 8", "k % 2");
     let err = run_streamed(&clash).expect_err("fetch over a fetch");
     assert!(err.to_string().contains("scratch_fetch of slot"), "{err}");
+}
+
+/// A slot outside `0..N` is an error, never a silently dropped store or a read of
+/// zeros: a row longer than the buffer (7 tiles into 6 slots) fails at its seventh
+/// store, a load past the buffer or below it fails, each naming the slot and N. (The GPU
+/// traps at the same accesses: `scratch_slots_are_thread_private_chunks...`.)
+#[test]
+fn scratch_slots_out_of_range_are_interpreter_errors() {
+    let value = |i: usize| ((i * 13 % 31) as f64 - 15.0) / 4.0;
+    let err = run_bf16_rows(SRC, 2, 6 * 1024 + 1, value).expect_err("7 tiles, 6 slots");
+    assert!(
+        err.to_string()
+            .contains("scratch_store of slot 6 of scratch buffer `cache`, which has slots 0..6"),
+        "{err}"
+    );
+    for (load, slot) in [("n + 3 - kk", "6"), ("kk - 1", "-1")] {
+        let bad = SRC.replace("n - 1 - kk)", &format!("{load})"));
+        let err = run_bf16_rows(&bad, 1, 2500, value).expect_err(load);
+        assert!(
+            err.to_string().contains(&format!(
+                "scratch_load of slot {slot} of scratch buffer `cache`, which has slots 0..6"
+            )),
+            "{err}"
+        );
+    }
+}
+
+/// A pipelined row through a buffer of exactly as many slots as the row has tiles:
+/// the fetches past the row name slots past the buffer, which is allowed since they
+/// copy nothing (and they keep the count of fetches in flight); a row with more tiles
+/// than slots fetches real data into a slot past the buffer, which is an error (the GPU
+/// traps: `setp.ge.and` of the slot and the vector's in-bounds predicate).
+#[test]
+fn fetches_past_the_buffer_must_have_nothing_to_copy() {
+    let src = FETCH_SRC
+        .replace("scratch(8, [1, 256], T)", "scratch(4, [1, 256], T)")
+        .replace("(k + D) % 8", "k + D")
+        .replace("k % 8", "k");
+    // 1000 columns: 4 tiles of 256, the fetches of tiles 4 and 5 past the row.
+    let (xs, y) = run_streamed(&src).expect("fetches of nothing past the buffer");
+    for (i, (&x, &got)) in xs.iter().zip(&y).enumerate() {
+        assert_eq!(got, 2.0 * half::bf16::from_f64(x).to_f64(), "element {i}");
+    }
+    // 1500 columns: 6 tiles, tile 4 fetched into slot 4 of 4.
+    let err = run_bf16_rows(&src, 2, 1500, |i| (i % 17) as f64).expect_err("data past the buffer");
+    assert!(
+        err.to_string()
+            .contains("scratch_fetch of slot 4 of scratch buffer `buf`, which has slots 0..4"),
+        "{err}"
+    );
+    for arch in Arch::ALL {
+        let file = crate::SourceFile::new("streamed.kg", src.as_str());
+        let mut opts = crate::CompileOptions::new(arch);
+        opts.num_warps = Some(1);
+        let ptx = crate::compile(&file, &opts)
+            .unwrap_or_else(|d| panic!("{}", d.render(&file)))
+            .ptx;
+        assemble(&ptx, arch.name(), "streamed_past");
+        // Both fetch sites check the slot against the vector's in-bounds predicate.
+        assert_eq!(ptx.matches("setp.ge.and.u32").count(), 2, "{ptx}");
+    }
+}
+
+/// The same rule for `scratch_gather`: a gather into a slot past the buffer whose
+/// elements are all masked off copies nothing; one with an element to copy is an
+/// error.
+#[test]
+fn gathers_past_the_buffer_must_have_nothing_to_copy() {
+    let src = r#"
+kernel gathered(x: tensor<bf16, 2, contiguous>, y: tensor<bf16, 2, contiguous>) {
+    let row = bid(0);
+    let buf = scratch(2, [256], bf16);
+    let c = arange(0, 256);
+    scratch_gather(buf, 0, x, [row, c], mask = c < shape(x, 1));
+    scratch_gather(buf, SLOT, x, [row, c], mask = c < LIMIT);
+    scratch_wait(0);
+    store(y, [row, 0], reshape(scratch_load(buf, 0), [1, 256]));
+}
+"#;
+    let with = |slot: &str, limit: &str| src.replace("SLOT", slot).replace("LIMIT", limit);
+    // A runtime slot 2 (shape(x, 0) = 2 rows) with every element masked off: fine.
+    let (xs, y) = run_bf16_rows(&with("shape(x, 0)", "0"), 2, 256, |i| (i % 7) as f64)
+        .expect("masked-off gather past the buffer");
+    assert_eq!(xs, y);
+    let err = run_bf16_rows(&with("shape(x, 0)", "1"), 2, 256, |i| (i % 7) as f64)
+        .expect_err("one element past the buffer");
+    assert!(
+        err.to_string()
+            .contains("scratch_gather of slot 2 of scratch buffer `buf`, which has slots 0..2"),
+        "{err}"
+    );
+    let file = crate::SourceFile::new("gathered.kg", with("shape(x, 0)", "1"));
+    let ptx = crate::compile(&file, &crate::CompileOptions::new(Arch::Sm90a))
+        .unwrap_or_else(|d| panic!("{}", d.render(&file)))
+        .ptx;
+    assemble(&ptx, "sm_90a", "gathered");
+    assert!(ptx.contains("trap;"), "{ptx}");
 }

@@ -97,6 +97,7 @@ impl fmt::Display for Module {
         }
         s.push_str(")\n");
         writeln!(s, ".maxntid {}, 1, 1", self.max_ntid)?;
+        writeln!(s, ".maxnreg {}", self.max_nreg)?;
         if let Some(n) = self.min_ctas_per_sm {
             writeln!(s, ".minnctapersm {n}")?;
         }

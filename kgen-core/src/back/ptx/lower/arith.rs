@@ -142,6 +142,10 @@ impl Lowerer<'_> {
             }
             let d = match &inst.op {
                 Op::Unary(op, _) => self.unary(*op, rdt, args[0], span)?,
+                Op::Binary(op @ (BinaryOp::Div | BinaryOp::Rem), _, b) if rdt.is_int() => {
+                    let divisor = self.known_int(*b);
+                    self.int_div_rem(*op, rdt, args[0], args[1], divisor)
+                }
                 Op::Binary(op, _, _) => self.binary(*op, rdt, args[0], args[1], span)?,
                 Op::Compare(op, _, _) => self.compare(*op, dts[0], args[0], args[1], span)?,
                 Op::Select(..) => self.select(args[0], args[1], args[2]),

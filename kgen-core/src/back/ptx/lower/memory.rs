@@ -361,7 +361,19 @@ impl Lowerer<'_> {
     ) -> R<DeferredLoad> {
         let (t, p) = self.tensor(tensor, span)?;
         let plan = self.tile_access(&t, &p, lin, shape, index, false, span)?;
-        let dt = p.dtype;
+        Ok(self.issue_plan_load(&plan, p.dtype, lin, padding, eviction))
+    }
+
+    /// Issues the loads of a planned tile access (`tile_access`) of a `dt` tensor into
+    /// layout `lin`; the words are unpacked by `materialize`.
+    pub(super) fn issue_plan_load(
+        &mut self,
+        plan: &Plan,
+        dt: DType,
+        lin: &Linear,
+        padding: Scalar,
+        eviction: Eviction,
+    ) -> DeferredLoad {
         let pad_bits = scalar_bits(padding, dt);
         let policy = self.cache_policy(eviction);
         let mut groups = Vec::with_capacity(plan.groups.len());
@@ -375,13 +387,13 @@ impl Lowerer<'_> {
             let words = self.load_vector(dt, plan.vec, &access, pad_bits);
             groups.push((g.regs.clone(), words));
         }
-        Ok(DeferredLoad {
+        DeferredLoad {
             dt,
             vec: plan.vec,
             groups,
             num_regs: lin.num_regs(),
             padding,
-        })
+        }
     }
 
     /// The element registers of a load: unpacks its words, fills the slots no group

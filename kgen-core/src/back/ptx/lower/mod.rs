@@ -17,6 +17,7 @@
 
 pub(crate) mod arith;
 mod cluster;
+mod int_div;
 mod memory;
 mod mma;
 mod pointwise_vec;
@@ -193,6 +194,8 @@ pub struct Lowerer<'a> {
     /// Per open block (innermost last): uses by its own instructions, not nested ones.
     block_uses: Vec<HashMap<ValueId, usize>>,
     uniform: std::collections::HashSet<ValueId>,
+    /// Values known to hold one integer constant in every element (`int_div.rs`).
+    known_ints: HashMap<ValueId, i64>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -248,6 +251,7 @@ impl<'a> Lowerer<'a> {
             uses,
             block_uses: Vec::new(),
             uniform: std::collections::HashSet::new(),
+            known_ints: HashMap::new(),
         }
     }
 
@@ -1149,6 +1153,9 @@ impl<'a> Lowerer<'a> {
         let inst = &func.insts[id];
         let span = inst.span;
         let res = inst.results.first().copied();
+        if let Some(r) = res {
+            self.note_known_int(&inst.op, r);
+        }
         match &inst.op {
             Op::For { .. } => self.lower_for(id),
             Op::If { .. } => self.lower_if(id),

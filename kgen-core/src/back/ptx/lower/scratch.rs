@@ -12,8 +12,13 @@
 //! chunk_bytes` for chunk `c`. A store converts the value to the anchor layout first; a
 //! load returns the anchor layout. So every thread reads back exactly the bytes it
 //! wrote: no barrier is needed, and consecutive threads touch consecutive 16-byte
-//! chunks (no bank conflicts). Slots outside `0..slots` are masked (`setp.lt.u32`, which
-//! also rejects negative slots): stores are dropped, loads read 0.
+//! chunks (no bank conflicts). A slot outside `0..slots` (`setp.lt.u32`, which also
+//! rejects negative slots) traps (`@!p trap`: the launch fails with an error instead of a
+//! silently wrong result) for a store or a load, and for a fetch that has any element to
+//! copy; a fetch with nothing to copy (every vector out of bounds or masked off) into
+//! such a slot copies nothing, as the interpreter does. In-range accesses are not
+//! predicated on the slot (a store or load costs one `@!p trap` more than an unchecked
+//! one, a fetch one `setp` and one `@p trap`, plus an `or.pred` per further vector).
 
 use super::memory::{Group, Plan};
 use super::pointwise_vec::PointwiseAccess;
@@ -83,6 +88,19 @@ pub struct ScratchPlacement {
     pub layout: Linear,
     /// Elements per 16-byte (or smaller) chunk.
     pub chunk: usize,
+}
+
+/// A fetch's slot: the buffer's dtype and slot shape, the slot (register) and the
+/// buffer's slot count, this thread's address of chunk 0 of the slot, the predicate
+/// "slot in range" and the buffer's placement.
+struct FetchSlot {
+    dt: DType,
+    shape: Vec<u32>,
+    slot: Reg,
+    slots: u32,
+    addr: Reg,
+    in_range: Reg,
+    placement: ScratchPlacement,
 }
 
 /// Places `bufs` in shared memory through the allocator, each alive for the whole kernel
@@ -182,18 +200,19 @@ impl Lowerer<'_> {
         let slot_reg = self.scalar(slot, span)?;
         let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
         let regs = self.operand_in(value, &p.layout, span)?;
-        self.store_slot(dt, &regs, addr, in_range, &p);
+        self.emit_if(Some((in_range, true)), "trap", vec![]);
+        self.store_slot(dt, &regs, addr, None, &p);
         Ok(())
     }
 
     /// Stores element registers `regs` (the slot's anchor layout) into the slot at
-    /// `addr`, where `in_range`.
+    /// `addr` (where `in_range`, when given).
     fn store_slot(
         &mut self,
         dt: DType,
         regs: &[Reg],
         addr: Reg,
-        in_range: Reg,
+        in_range: Option<Reg>,
         p: &ScratchPlacement,
     ) {
         let stride = self.threads() * (p.chunk as u32) * dt.size_bytes();
@@ -206,7 +225,7 @@ impl Lowerer<'_> {
                 Operand::Vec(words)
             };
             self.emit_if(
-                Some((in_range, false)),
+                in_range.map(|r| (r, false)),
                 format!("st.shared{v}.{ty}"),
                 vec![
                     Operand::Mem(Addr::Reg(addr), p.offset as i64 + c as i64 * stride as i64),
@@ -217,15 +236,15 @@ impl Lowerer<'_> {
     }
 
     /// What every fetch needs first: `cp.async` on the target, the buffer's dtype (not
-    /// `bool`) and slot shape, and this thread's address of `slot` with its range check.
-    #[allow(clippy::type_complexity)]
+    /// `bool`) and slot shape, and this thread's address of `slot` with its range check
+    /// (`FetchSlot`).
     fn fetch_slot(
         &mut self,
         what: &str,
         buf: u32,
         slot: crate::ir::ValueId,
         span: Span,
-    ) -> R<(DType, Vec<u32>, Reg, Reg, ScratchPlacement)> {
+    ) -> R<FetchSlot> {
         if !self.target.caps.cp_async {
             return Err(unsupported(
                 span,
@@ -237,13 +256,47 @@ impl Lowerer<'_> {
             .scratch
             .get(buf as usize)
             .ok_or_else(|| unsupported(span, "no such scratch buffer"))?;
-        let (dt, shape) = (b.dtype, b.slot_shape.clone());
+        let (dt, shape, slots) = (b.dtype, b.slot_shape.clone(), b.slots);
         if dt == DType::Bool || shape.is_empty() {
             return Err(unsupported(span, "scratch buffers of bool"));
         }
         let slot_reg = self.scalar(slot, span)?;
         let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
-        Ok((dt, shape, addr, in_range, p))
+        Ok(FetchSlot {
+            dt,
+            shape,
+            slot: slot_reg,
+            slots,
+            addr,
+            in_range,
+            placement: p,
+        })
+    }
+
+    /// Traps where a fetch would copy data into a slot out of range: the slot `f.slot`
+    /// is outside `0..f.slots` and one of the fetch's vectors (`preds`: each vector's
+    /// in-bounds-and-masked-in predicate, `None` for one that always copies) has data.
+    /// A fetch into such a slot with nothing to copy passes (it copies nothing).
+    fn trap_if_fetch_out_of_range(&mut self, f: &FetchSlot, preds: &[Option<Reg>]) {
+        if preds.iter().any(Option::is_none) {
+            self.emit_if(Some((f.in_range, true)), "trap", vec![]);
+            return;
+        }
+        let mut any: Option<Reg> = None;
+        for &p in preds.iter().flatten() {
+            any = Some(match any {
+                None => p,
+                Some(a) => self.op1(RegClass::Pred, "or.pred", vec![a.into(), p.into()]),
+            });
+        }
+        if let Some(any) = any {
+            let t = self.op1(
+                RegClass::Pred,
+                "setp.ge.and.u32",
+                vec![f.slot.into(), Operand::Imm(f.slots as i64), any.into()],
+            );
+            self.emit_if(Some((t, false)), "trap", vec![]);
+        }
     }
 
     /// `scratch_fetch(buf, slot, tensor, index, pad)`: one `cp.async` per vector of the
@@ -270,14 +323,22 @@ impl Lowerer<'_> {
         else {
             return Ok(());
         };
-        let (dt, shape, addr, in_range, p) = self.fetch_slot("scratch_fetch", buf, slot, span)?;
+        let f = self.fetch_slot("scratch_fetch", buf, slot, span)?;
         let (t, tp) = self.tensor(tensor, span)?;
-        let plan = self.tile_access(&t, &tp, &p.layout, &shape, index, false, span)?;
+        let plan = self.tile_access(&t, &tp, &f.placement.layout, &f.shape, index, false, span)?;
+        let preds: Vec<Option<Reg>> = plan.groups.iter().map(|g| g.pred).collect();
+        self.trap_if_fetch_out_of_range(&f, &preds);
+        let FetchSlot {
+            dt,
+            addr,
+            in_range,
+            placement: p,
+            ..
+        } = f;
         if !copies_by_cp_async(&plan, &p, dt) {
             // No cp.async: the loads are issued now, the stores into the slot wait until
             // the fetch must be complete (see `PendingFetch`).
-            let load =
-                self.issue_tile_load(tensor, index, &p.layout, &shape, padding, eviction, span)?;
+            let load = self.issue_plan_load(&plan, dt, &p.layout, padding, eviction);
             self.defer_fetch_stores(load, dt, addr, in_range, p);
             self.emit("cp.async.commit_group", vec![]);
             return Ok(());
@@ -408,9 +469,10 @@ impl Lowerer<'_> {
         else {
             return Ok(());
         };
-        let (dt, shape, addr, in_range, p) = self.fetch_slot("scratch_gather", buf, slot, span)?;
+        let f = self.fetch_slot("scratch_gather", buf, slot, span)?;
         let (t, tp) = self.tensor(tensor, span)?;
-        let lin = p.layout.clone();
+        let (dt, shape) = (f.dt, f.shape.clone());
+        let lin = f.placement.layout.clone();
         let mut offs = Vec::with_capacity(offsets.len());
         for &o in offsets {
             offs.push((self.operand_in(o, &lin, span)?, self.dtype(o)));
@@ -420,7 +482,7 @@ impl Lowerer<'_> {
             None => None,
         };
         let (mut vec, mask_uniform) =
-            self.run_width(&tp, offsets, mask, &shape, &lin, p.chunk as u64);
+            self.run_width(&tp, offsets, mask, &shape, &lin, f.placement.chunk as u64);
         if !mask_uniform {
             vec = 1;
         }
@@ -440,6 +502,14 @@ impl Lowerer<'_> {
             vec,
         };
         let runs = self.offset_runs(&access, true, span)?;
+        let preds: Vec<Option<Reg>> = runs.iter().map(|r| r.pred).collect();
+        self.trap_if_fetch_out_of_range(&f, &preds);
+        let FetchSlot {
+            addr,
+            in_range,
+            placement: p,
+            ..
+        } = f;
         let plan = Plan {
             vec,
             groups: runs
@@ -540,7 +610,7 @@ impl Lowerer<'_> {
         scope.pending = keep;
         for f in now {
             let regs = self.materialize(f.load, span)?;
-            self.store_slot(f.dt, &regs, f.addr, f.in_range, &f.placement);
+            self.store_slot(f.dt, &regs, f.addr, Some(f.in_range), &f.placement);
         }
         Ok(())
     }
@@ -587,6 +657,7 @@ impl Lowerer<'_> {
         }
         let slot_reg = self.scalar(slot, span)?;
         let (addr, in_range, p) = self.scratch_address(buf, slot_reg, span)?;
+        self.emit_if(Some((in_range, true)), "trap", vec![]);
         let es = dt.size_bytes();
         let regs = p.layout.num_regs();
         let stride = self.threads() * (p.chunk as u32) * es;
@@ -600,20 +671,12 @@ impl Lowerer<'_> {
                 _ => (RegClass::B32, n / 2, "b32"),
             };
             let words: Vec<Reg> = (0..nwords).map(|_| self.reg(class)).collect();
-            for &w in &words {
-                let zero = match w.class {
-                    RegClass::F32 => Operand::F32(0.0),
-                    _ => Operand::Imm(0),
-                };
-                self.mov(w, zero);
-            }
             let dst = if nwords == 1 {
                 Operand::Reg(words[0])
             } else {
                 Operand::Vec(words.clone())
             };
-            self.emit_if(
-                Some((in_range, false)),
+            self.emit(
                 format!("ld.shared{}.{ty}", vector_suffix(nwords)),
                 vec![
                     dst,
