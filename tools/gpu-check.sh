@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU test machine (no Rust there): the GPU self-test, compute-sanitizer
-# memcheck and racecheck over it, the PTX JIT of every bundled kernel, and kgen's PTX
+# memcheck, racecheck and synccheck over it, the PTX JIT of every bundled kernel, and kgen's PTX
 # launched by cupy from `kgen compile --emit abi` (tools/launch-with-cupy.py). Full logs
 # go to $OUT; a short summary is printed last.
 #
@@ -21,6 +21,10 @@ timeout "${MEMCHECK_TIMEOUT:-200}" compute-sanitizer --tool memcheck --error-exi
 memcheck_rc=$?
 timeout "${RACECHECK_TIMEOUT:-170}" compute-sanitizer --tool racecheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/racecheck.log" 2>&1
 racecheck_rc=$?
+# Shared memory is shared between threads (staged tensor-core tiles, conversions,
+# reductions): barrier misuse too.
+timeout "${SYNCCHECK_TIMEOUT:-170}" compute-sanitizer --tool synccheck --error-exitcode 99 "$BIN" selftest --gpu >"$OUT/synccheck.log" 2>&1
+synccheck_rc=$?
 
 # kgen's PTX launched by cupy from `kgen compile --emit abi` alone, and the same cases
 # through `kgen run --input/--save-outputs` (GPU and interpreter), against numpy.
@@ -41,6 +45,8 @@ echo "== memcheck: rc=$memcheck_rc =="
 grep -E "ERROR SUMMARY|PASS|FAIL" "$OUT/memcheck.log" | tail -n 5
 echo "== racecheck: rc=$racecheck_rc =="
 grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard" "$OUT/racecheck.log" | tail -n 5
+echo "== synccheck: rc=$synccheck_rc =="
+grep -E "ERROR SUMMARY" "$OUT/synccheck.log" | tail -n 5
 echo "== cupy launches from --emit abi (tools/launch-with-cupy.py): rc=$cupy_rc =="
 grep -E "^(GPU|FAIL|skip)|ABI launches|cannot" "$OUT/cupy-abi.log" | tail -n 20
 echo "== kgen run --input/--save-outputs on the GPU (--launcher kgen-run): rc=$npy_rc =="
@@ -48,4 +54,4 @@ grep -E "^FAIL|ABI launches" "$OUT/kgen-run-npy.log" | tail -n 10
 echo "== kgen-runtime gpu_ tests: rc=$runtime_rc =="
 [ -f "$OUT/runtime-tests.log" ] && grep -E "^test |test result" "$OUT/runtime-tests.log" | tail -n 15
 echo "(rc 124: the step ran past its time limit)"
-echo "selftest_rc=$selftest_rc memcheck_rc=$memcheck_rc racecheck_rc=$racecheck_rc cupy_abi_rc=$cupy_rc kgen_run_npy_rc=$npy_rc runtime_tests_rc=$runtime_rc"
+echo "selftest_rc=$selftest_rc memcheck_rc=$memcheck_rc racecheck_rc=$racecheck_rc synccheck_rc=$synccheck_rc cupy_abi_rc=$cupy_rc kgen_run_npy_rc=$npy_rc runtime_tests_rc=$runtime_rc"

@@ -278,7 +278,10 @@ def run_cupy(kgen, case, size, arch, rng, tmp):
         if t["contiguous"] and al < 16:
             aligns += ["--align", f"{t['name']}={al}"]
     base_args = ["compile", src, "--arch", arch] + aligns
-    ptx_path = os.path.join(tmp, case["name"] + ".ptx")
+    # One file per entry: cupy caches a module by its path, so a second specialization
+    # written to the same path would load the first one ('named symbol not found').
+    tag = "_".join([case["name"]] + [str(x) for x in size] + [a.replace("=", "") for a in aligns[1::2]])
+    ptx_path = os.path.join(tmp, tag + ".ptx")
     kgen_cmd(kgen, base_args + ["--emit", "ptx", "-o", ptx_path])
     abi = json.loads(kgen_cmd(kgen, base_args + ["--emit", "abi"]))
     assert abi["schema"] == "kgen-abi" and abi["version"] == 1, abi["schema"]

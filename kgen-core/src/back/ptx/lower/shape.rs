@@ -21,6 +21,37 @@ use crate::ir::{Op, ValueId};
 use crate::span::Span;
 use crate::types::DType;
 
+/// Padding of a tile's rows in shared memory: after every `2^row_bits` elements (a row
+/// of the padded last dimension), `pad` more, so that rows that would start in the same
+/// bank (rows of 128 bytes or more) start 16 bytes apart and a warp's accesses to eight
+/// rows at one column spread over all banks.
+#[derive(Clone, Copy, Debug)]
+struct RowPad {
+    row_bits: u32,
+    pad: u64,
+}
+
+impl RowPad {
+    fn for_rows(shape: &[u32], slot: u32) -> RowPad {
+        let last = shape.last().copied().unwrap_or(1).max(1);
+        let rows = shape.iter().product::<u32>().max(1) / last;
+        let pad = if rows > 1 && last * slot >= 128 {
+            (16 / slot).max(1) as u64
+        } else {
+            0
+        };
+        RowPad {
+            row_bits: last.trailing_zeros(),
+            pad,
+        }
+    }
+
+    /// The padded position of row-major index `i`.
+    fn index(&self, i: u64) -> u64 {
+        i + (i >> self.row_bits) * self.pad
+    }
+}
+
 /// Bytes per element of a tile passed through shared memory: 8 for i64, 2 for f16/bf16
 /// (their values are exact in 16 bits: half the bytes and bank traffic of 32-bit
 /// slots), 4 otherwise (bool as a word).
@@ -54,9 +85,13 @@ impl Lowerer<'_> {
                 .collect();
         }
         self.comment("layout conversion through shared memory");
-        let (slot, base) = self.smem_write(regs, src, dt, 0)?;
+        let slot = smem_slot_bytes(dt);
+        let pad = RowPad::for_rows(&src.shape, slot);
+        let numel: u32 = src.shape.iter().product::<u32>().max(1);
+        let base = self.smem_begin(pad.index(numel as u64) as u32 * slot);
+        self.smem_write_padded(regs, src, dt, base, slot, pad)?;
         self.smem_read_fence();
-        // Read address: base + sum(thread_d * w_d) * slot.
+        // Read address: base + pad(sum(thread_d * w_d)) * slot.
         let mut t: Option<Reg> = None;
         for (d, &w) in weights.iter().enumerate().take(dst.rank()) {
             if w == 0 {
@@ -66,7 +101,7 @@ impl Lowerer<'_> {
                 let s = self.op1(
                     RegClass::B32,
                     "mul.lo.s32",
-                    vec![x.into(), Operand::Imm((w * slot as u64) as i64)],
+                    vec![x.into(), Operand::Imm(w as i64)],
                 );
                 t = Some(match t {
                     None => s,
@@ -75,17 +110,91 @@ impl Lowerer<'_> {
             }
         }
         let addr = match t {
-            Some(t) => self.op1(RegClass::B32, "add.s32", vec![base.into(), t.into()]),
+            Some(t) => {
+                let bytes = self.padded_bytes(t, pad, slot);
+                self.op1(RegClass::B32, "add.s32", vec![base.into(), bytes.into()])
+            }
             None => base,
         };
         let mut out = Vec::with_capacity(dst.num_regs());
         for r in 0..dst.num_regs() {
             let c = dst.reg_coord(r);
             let off: u64 = c.iter().zip(weights).map(|(&a, &w)| a as u64 * w).sum();
-            out.push(self.smem_read(dt, addr, (off * slot as u64) as i64));
+            out.push(self.smem_read(dt, addr, (pad.index(off) * slot as u64) as i64));
         }
         self.smem_end();
         Ok(out)
+    }
+
+    /// `pad.index(i) * slot` for a register `i`: `(i + (i >> row_bits) * pad) * slot`.
+    fn padded_bytes(&mut self, i: Reg, pad: RowPad, slot: u32) -> Reg {
+        let i = match pad.pad {
+            0 => i,
+            p => {
+                let row = self.op1(
+                    RegClass::B32,
+                    "shr.u32",
+                    vec![i.into(), Operand::Imm(pad.row_bits as i64)],
+                );
+                self.op1(
+                    RegClass::B32,
+                    "mad.lo.s32",
+                    vec![row.into(), Operand::Imm(p as i64), i.into()],
+                )
+            }
+        };
+        self.op1(
+            RegClass::B32,
+            "mul.lo.s32",
+            vec![i.into(), Operand::Imm(slot as i64)],
+        )
+    }
+
+    /// Writes every register of a tile at its padded row-major index (`pad`), `slot`
+    /// bytes per element.
+    fn smem_write_padded(
+        &mut self,
+        regs: &[Reg],
+        src: &Linear,
+        dt: DType,
+        base: Reg,
+        slot: u32,
+        pad: RowPad,
+    ) -> R<()> {
+        if pad.pad == 0 {
+            return self.smem_write_at(regs, src, dt, base, 0, slot);
+        }
+        // The thread part of the index, padded at run time; each register's constant
+        // part padded here (their bits are disjoint, so the padding of the sum is the sum
+        // of the paddings).
+        let strides = row_major_strides(&src.shape);
+        let mut t: Option<Reg> = None;
+        for (d, &st) in strides.iter().enumerate() {
+            if let Some(x) = self.thread_coord(src, d) {
+                let m = self.op1(
+                    RegClass::B32,
+                    "mul.lo.s32",
+                    vec![x.into(), Operand::Imm(st as i64)],
+                );
+                t = Some(match t {
+                    None => m,
+                    Some(a) => self.op1(RegClass::B32, "add.s32", vec![a.into(), m.into()]),
+                });
+            }
+        }
+        let addr = match t {
+            Some(t) => {
+                let bytes = self.padded_bytes(t, pad, slot);
+                self.op1(RegClass::B32, "add.s32", vec![base.into(), bytes.into()])
+            }
+            None => base,
+        };
+        let shifted: Vec<Reg> = regs.to_vec();
+        for (r, &v) in shifted.iter().enumerate() {
+            let off = pad.index(Self::lin_offset(src, r)) * slot as u64;
+            self.smem_store_elem(v, dt, addr, off as i64, slot);
+        }
+        Ok(())
     }
 
     /// Writes every register of a tile to shared memory at `offset_bytes` + its padded
@@ -119,39 +228,45 @@ impl Lowerer<'_> {
         let addr = self.smem_thread_base(src, base, slot);
         for (r, &v) in regs.iter().enumerate() {
             let off = Self::lin_offset(src, r) * slot + offset_bytes as u64;
-            let mem = Operand::Mem(Addr::Reg(addr), off as i64);
-            if slot == 2 && v.class == RegClass::F32 {
-                // A half value (kept widened, exactly representable): its 16 bits.
-                let h = self.op1(
-                    RegClass::B16,
-                    if dt == DType::BF16 {
-                        "cvt.rn.bf16.f32"
-                    } else {
-                        "cvt.rn.f16.f32"
-                    },
-                    vec![v.into()],
-                );
-                self.emit("st.shared.b16", vec![mem, h.into()]);
-                continue;
-            }
-            if v.class == RegClass::B16 {
-                self.emit("st.shared.b16", vec![mem, v.into()]);
-                continue;
-            }
-            match v.class {
-                RegClass::Pred => {
-                    let b = self.op1(
-                        RegClass::B32,
-                        "selp.b32",
-                        vec![Operand::Imm(1), Operand::Imm(0), v.into()],
-                    );
-                    self.emit("st.shared.b32", vec![mem, b.into()]);
-                }
-                RegClass::B64 => self.emit("st.shared.b64", vec![mem, v.into()]),
-                _ => self.emit("st.shared.b32", vec![mem, v.into()]),
-            }
+            self.smem_store_elem(v, dt, addr, off as i64, slot as u32);
         }
         Ok(())
+    }
+
+    /// Stores one element of a tile passing through shared memory: a half value's 16
+    /// bits when `slot` is 2, a predicate as a word, else the register.
+    fn smem_store_elem(&mut self, v: Reg, dt: DType, addr: Reg, off: i64, slot: u32) {
+        let mem = Operand::Mem(Addr::Reg(addr), off);
+        if slot == 2 && v.class == RegClass::F32 {
+            // A half value (kept widened, exactly representable): its 16 bits.
+            let h = self.op1(
+                RegClass::B16,
+                if dt == DType::BF16 {
+                    "cvt.rn.bf16.f32"
+                } else {
+                    "cvt.rn.f16.f32"
+                },
+                vec![v.into()],
+            );
+            self.emit("st.shared.b16", vec![mem, h.into()]);
+            return;
+        }
+        if v.class == RegClass::B16 {
+            self.emit("st.shared.b16", vec![mem, v.into()]);
+            return;
+        }
+        match v.class {
+            RegClass::Pred => {
+                let b = self.op1(
+                    RegClass::B32,
+                    "selp.b32",
+                    vec![Operand::Imm(1), Operand::Imm(0), v.into()],
+                );
+                self.emit("st.shared.b32", vec![mem, b.into()]);
+            }
+            RegClass::B64 => self.emit("st.shared.b64", vec![mem, v.into()]),
+            _ => self.emit("st.shared.b32", vec![mem, v.into()]),
+        }
     }
 
     /// Every copy of a replicated tile takes the values of the copy where `first` holds
