@@ -14,9 +14,13 @@
 # cold Inductor compiles are the slow part. Knobs (environment):
 #   KGEN_BIN (.device/kgen)   OUT (/tmp/kgen-gpu-bench)   FILTER (both tools' filter)
 #   QUICK=1 (median of 20 runs instead of 50, both tools)   NO_COMPILE=1 (skip pass 2)
-#   EAGER_TIMEOUT (150 s)   COMPILE_TIMEOUT (210 s)   KGEN_TIMEOUT (150 s)
+#   EAGER_TIMEOUT (150 s)   COMPILE_TIMEOUT (210 s)   KGEN_TIMEOUT (330 s: GEMM tunes too)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# cuBLAS (the GEMM peer, loaded by kgen through cudarc at run time): the toolkit's, or
+# the one torch's wheels ship.
+cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null || true)
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64${cublas_dir:+:$cublas_dir}"
 BIN=${KGEN_BIN:-.device/kgen}
 OUT=${OUT:-/tmp/kgen-gpu-bench}
 mkdir -p "$OUT"
@@ -81,7 +85,7 @@ timeout 60 python3 bench/copy_floor.py >"$OUT/copy_floor.log" 2>&1
 
 # CUDA_CACHE_DISABLE=1: the driver's own PTX JIT cache (~/.nv/ComputeCache) would
 # otherwise answer a "cold" first launch for PTX an earlier run already compiled.
-CUDA_CACHE_DISABLE=1 timeout "${KGEN_TIMEOUT:-150}" "$BIN" bench "${quick[@]}" "${kgen_filter[@]}" \
+CUDA_CACHE_DISABLE=1 timeout "${KGEN_TIMEOUT:-330}" "$BIN" bench "${quick[@]}" "${kgen_filter[@]}" \
     --peers "$OUT/peers.json" --json "$OUT/kgen.json" --csv "$OUT/kgen.csv" \
     >"$OUT/kgen.log" 2>"$OUT/kgen.err"
 kgen_rc=$?
