@@ -301,7 +301,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         }
         let ceiling_line = match &ceiling {
             Ok((tf, cfg)) => format!(
-                "# mma.sync m16n8k16 bf16->f32 ceiling (register-only loop, best of blocks x                  warps sweep): {tf:.0} TFLOP/s ({cfg})"
+                "# mma.sync m16n8k16 bf16->f32 ceiling (register-only loop, best of blocks x warps sweep): {tf:.0} TFLOP/s ({cfg})"
             ),
             Err(e) => format!("# mma.sync ceiling probe failed: {e}"),
         };

@@ -184,10 +184,28 @@ fn rope(ops: &Ops, t: DType, c: DType, h: usize, d: usize) -> Result<(), OpError
 }
 
 fn matmul(ops: &Ops, t: DType) -> Result<(), OpError> {
-    for (m, k, n) in [(64usize, 64usize, 64usize), (33, 7, 5)] {
+    // Both operands' rows aligned, neither, and each one alone (a pipelined fetch of one
+    // operand by `cp.async` and of the other element by element).
+    for (m, k, n) in [
+        (64usize, 64usize, 64usize),
+        (33, 7, 5),
+        (33, 64, 5),
+        (33, 7, 64),
+    ] {
         let a = tensor(ops, t, &[m, k])?;
         let b = tensor(ops, t, &[k, n])?;
         ops.matmul(&a, &b)?;
+    }
+    if matches!(t, DType::F16 | DType::BF16) {
+        // The GEMM's other paths: transposed operands, a bias and an activation.
+        let bias = tensor(ops, t, &[64])?;
+        for (ta, tb) in [(false, true), (true, false), (true, true)] {
+            let a = tensor(ops, t, &[64, 64])?;
+            let b = tensor(ops, t, &[64, 64])?;
+            let a = if ta { a.transpose(0, 1)? } else { a };
+            let b = if tb { b.transpose(0, 1)? } else { b };
+            ops.gemm(&a, &b, Some(&bias), super::gemm::Activation::GeluTanh)?;
+        }
     }
     Ok(())
 }

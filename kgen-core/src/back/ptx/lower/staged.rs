@@ -18,7 +18,9 @@
 //!   `st.shared` where it allows no vector, or the tensor is not `contiguous`); chunks
 //!   outside the tensor or the tile's real extent are zero-filled by the copy's source
 //!   size, so a product never reads padding. Consecutive threads copy consecutive chunks
-//!   of a row (coalesced). Every fetch ends with one `cp.async.commit_group`.
+//!   of a row (coalesced). Every fetch ends with one `cp.async.commit_group`, and the
+//!   groups are committed in the order of the fetches (the waits count them), deferred
+//!   or not.
 //! - Every cross-thread access is declared to `sync::Tracker` (a fetch as an
 //!   asynchronous write, `scratch_wait` completing them, a load as a read), which places
 //!   the block barriers.
@@ -541,7 +543,10 @@ impl Lowerer<'_> {
         }
         self.count_fetch();
         let commit = crate::back::ptx::isa::Inst::new(None, "cp.async.commit_group", vec![]);
-        if defer {
+        // Commit groups must be committed in fetch order: the pipeline's `scratch_wait`
+        // counts them. A fetch that is not deferred (element-wise stores, complete when
+        // issued) still queues its (empty) group behind the deferred fetches before it.
+        if defer || !self.deferred_copies.is_empty() {
             self.deferred_copies
                 .push(crate::back::ptx::isa::Stmt::Inst(commit));
         } else {
