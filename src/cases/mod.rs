@@ -34,6 +34,7 @@ pub mod softmax;
 pub mod sources;
 pub mod sumsq;
 pub mod swiglu;
+pub mod torch_adamw;
 pub mod vec_add;
 
 pub use compare::{

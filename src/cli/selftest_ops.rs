@@ -1,8 +1,9 @@
 //! The second half of `kgen selftest`: the op library and `#[kernel]` launchers, on the
 //! selected device (the GPU, or the interpreter without one).
 //!
-//! - each op module's `gpu_checks` (every op once, on awkward shapes, against a float64
-//!   reference, outputs poisoned first);
+//! - the op library's self-checks, `kgen::ops::checks::gpu_checks` (every op once, on
+//!   awkward shapes, against a float64 reference, outputs poisoned first; the
+//!   optimizer's and the CUDA graph capture's too);
 //! - kernels written with `#[kgen::kernel]`, launched through their typed launchers on the
 //!   device and on the interpreter, compared element by element;
 //! - a short training run that must lower its loss.
@@ -163,7 +164,7 @@ fn macro_checks(device: &Device) -> Vec<Check> {
 /// All op-level checks; returns the number of failures.
 pub fn run(device: &Device) -> usize {
     let mut checks: Vec<Check> = macro_checks(device);
-    for (label, r) in kgen::ops::gpu_checks(device) {
+    for (label, r) in kgen::ops::checks::gpu_checks(device) {
         checks.push((label, r, f64::INFINITY));
     }
     say(format_args!(

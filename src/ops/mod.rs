@@ -19,7 +19,9 @@
 //! Files: `norm` (RMSNorm, LayerNorm fwd/bwd), `act` (SwiGLU, ReLU fwd/bwd), `rope`,
 //! `loss` (softmax, cross-entropy), `linear` (matmul), and [`crate::optim`] (AdamW,
 //! gradient norm and clipping); `plan` (the tuner's choice per shape, and the launch
-//! remembered per call signature); `capture` checks ops recorded into a CUDA graph.
+//! remembered per call signature); `launchable` (every kernel the ops can ask for).
+//! [`checks`] holds the self-checks against float64 references (test code: nothing else
+//! here uses it, and no op file uses [`crate::cases`]).
 
 use kgen_core::types::DType;
 use kgen_core::{CompileOptions, SourceFile};
@@ -28,13 +30,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 pub mod act;
-pub mod capture;
+// Test code: the self-checks (`kgen selftest`) and the unit tests that need them.
+pub mod checks;
 pub mod gemm;
 pub mod launchable;
 pub mod linear;
 pub mod loss;
 pub mod norm;
-mod norm_checks;
 mod plan;
 pub mod rope;
 
@@ -417,17 +419,12 @@ pub(crate) fn as_rows(op: &'static str, t: &Tensor) -> Result<Tensor, OpError> {
     ))
 }
 
-/// Every op run once on `device` against a float64 reference (the op half of
-/// `kgen selftest`): (label, max relative error, or why it failed).
-pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
-    let mut v = Vec::new();
-    v.extend(linear::gpu_checks(device));
-    v.extend(gemm::gpu_checks(device));
-    v.extend(norm::gpu_checks(device));
-    v.extend(act::gpu_checks(device));
-    v.extend(rope::gpu_checks(device));
-    v.extend(loss::gpu_checks(device));
-    v.extend(crate::optim::gpu_checks(device));
-    v.extend(capture::gpu_checks(device));
-    v
+/// The compiler's default warps for a largest tile of `elems` (about 8 per thread).
+pub(crate) fn default_warps(elems: usize) -> u32 {
+    let w = (elems / 256).clamp(1, 16) as u32;
+    if w.is_power_of_two() {
+        w
+    } else {
+        w.next_power_of_two() / 2
+    }
 }

@@ -19,13 +19,13 @@
 //! ROWS) through [`Ops::tuner`] (KGEN_AUTOTUNE=0: the first,
 //! the default) and remembers the fastest; no call synchronizes the host otherwise.
 //!
-//! Also home of the small helpers the other op files of this group share
-//! ([`rows_cols`], [`max_rel_err`]).
+//! Also home of the small row helpers the other op files share (`rows_cols`,
+//! `one_tile`).
 
 use super::plan::{launches_of, Launch, Pass, PlanKey};
-use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
+use super::{as_rows, default_warps, expect, float_dtype, shape_err, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{grid_1d, grid_x, Arg, Device, Tensor};
+use kgen_runtime::{grid_1d, grid_x, Arg, Tensor};
 
 /// Largest row the forward kernels keep in registers (one tile); longer rows take the
 /// multi-pass path.
@@ -71,16 +71,6 @@ fn norm_block(cols: usize, max_one_tile: usize) -> usize {
         cols.next_power_of_two().max(32)
     } else {
         MULTI_TILE_BLOCK
-    }
-}
-
-/// The compiler's default warps for a largest tile of `elems` (about 8 per thread).
-pub(crate) fn default_warps(elems: usize) -> u32 {
-    let w = (elems / 256).clamp(1, 16) as u32;
-    if w.is_power_of_two() {
-        w
-    } else {
-        w.next_power_of_two() / 2
     }
 }
 
@@ -889,6 +879,15 @@ impl PerThreadCap {
     };
 }
 
+/// Whether the first forward candidate for `rows` rows of `cols` on `sms` SMs runs the
+/// multi-row kernels (the self-checks' end-to-end test of that path, `checks::norm`).
+#[cfg(test)]
+pub(super) fn multi_row_first(rows: usize, cols: usize, sms: usize) -> bool {
+    fwd_configs(rows, cols, sms, PerThreadCap::WIDE)[0]
+        .rows_per_block
+        .is_some()
+}
+
 /// Whether the norm backward's tensors of dtype `t` are 16-bit and read with 16-byte
 /// vectors (every one 16-byte aligned): the rows whose 16-warp kernels fit the bound of
 /// two blocks per SM.
@@ -930,87 +929,10 @@ fn check_cols(op: &'static str, cols: usize) -> Result<(), OpError> {
     Ok(())
 }
 
-/// The largest `|got - want| / max(|want|, floor)` with `floor = 1e-3 * max|want|` (so
-/// values near zero are judged against the output's scale); `Err` on a non-finite
-/// element where the reference is finite, a length mismatch, or an error above `tol`.
-pub(crate) fn max_rel_err(got: &[f64], want: &[f64], tol: f64) -> Result<f64, String> {
-    if got.len() != want.len() {
-        return Err(format!("{} values, expected {}", got.len(), want.len()));
-    }
-    let floor = 1e-3 * want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
-    let mut worst = 0.0f64;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let e = (g - w).abs() / w.abs().max(floor);
-        if !e.is_finite() {
-            return Err(format!("element {i}: got {g}, expected {w}"));
-        }
-        if e > tol {
-            return Err(format!(
-                "element {i}: got {g}, expected {w} (relative error {e:.2e} > {tol:.0e})"
-            ));
-        }
-        worst = worst.max(e);
-    }
-    Ok(worst)
-}
-
-/// Relative tolerance of a value computed in f32 and rounded once to `t`.
-pub(crate) fn rounding_tol(t: DType) -> f64 {
-    match t {
-        DType::BF16 => 1.6e-2,
-        DType::F16 => 2e-3,
-        _ => 1e-4,
-    }
-}
-
-/// A device tensor of random values (never zero: normalish, or magnitudes in [lo, hi)).
-pub(crate) fn random_on(
-    device: &Device,
-    rng: &mut crate::cases::Rng,
-    dtype: DType,
-    shape: &[usize],
-    magnitude: Option<(f64, f64)>,
-) -> Result<(Tensor, Vec<f64>), String> {
-    let n: usize = shape.iter().product();
-    let v: Vec<f64> = (0..n)
-        .map(|_| match magnitude {
-            Some((lo, hi)) => rng.signed_magnitude(lo, hi),
-            None => {
-                let x = rng.normalish();
-                if x == 0.0 {
-                    0.5
-                } else {
-                    x
-                }
-            }
-        })
-        .collect();
-    let t = device
-        .from_f64(dtype, shape, &v)
-        .map_err(|e| e.to_string())?;
-    // The values as stored (rounded to the dtype): the reference sees exactly these.
-    let stored = t.to_f64_vec().map_err(|e| e.to_string())?;
-    Ok((t, stored))
-}
-
-/// A tensor of NaNs.
-pub(crate) fn poisoned_on(
-    device: &Device,
-    dtype: DType,
-    shape: &[usize],
-) -> Result<Tensor, String> {
-    let n: usize = shape.iter().product();
-    device
-        .from_f64(dtype, shape, &vec![f64::NAN; n])
-        .map_err(|e| e.to_string())
-}
-
-pub use super::norm_checks::gpu_checks;
-
 #[cfg(test)]
 mod tests {
-    use super::super::norm_checks::{check_layernorm, check_rmsnorm};
     use super::*;
+    use kgen_runtime::Device;
 
     #[test]
     fn fwd_configs_put_multi_row_blocks_first_for_many_short_rows() {
@@ -1057,30 +979,6 @@ mod tests {
             if let Some(r) = c.rows_per_block {
                 assert!(r >= 2 && 2000usize.div_ceil(r) >= 2 * 132, "{c:?}");
             }
-        }
-    }
-
-    /// The multi-row path end to end through the ops (first candidate on the
-    /// interpreter), rows not a multiple of ROWS, against f64.
-    #[test]
-    fn multi_row_forward_matches_f64() {
-        let d = Device::interpreter();
-        let ops = Ops::new(&d);
-        // Enough rows for the largest ROWS (128 rows of 32, 64 of 64): with rows not
-        // 16-byte aligned, the default candidate used to be refused by the compiler.
-        for &(rows, cols, t) in &[
-            (1101usize, 768usize, DType::BF16),
-            (1057, 7, DType::F32),
-            (33792, 7, DType::F32),
-            (16896, 63, DType::BF16),
-        ] {
-            assert!(
-                fwd_configs(rows, cols, ops.sm_count(), PerThreadCap::WIDE)[0]
-                    .rows_per_block
-                    .is_some()
-            );
-            check_rmsnorm(&ops, rows, cols, t).unwrap();
-            check_layernorm(&ops, rows, cols, t).unwrap();
         }
     }
 

@@ -63,10 +63,8 @@ use kgen_runtime::{grid_x, Arg, Device, Kernel, RuntimeError, Tensor};
 use std::sync::Arc;
 
 pub mod grad;
-mod reference;
 
 pub use grad::{clip_grad_norm_, grad_norm, read_grad_stats, GradNorm, GradStats, GradStatsLaunch};
-pub use reference::{torch_adamw_step, TorchHyper};
 
 /// Every group's segment of the flat buffers starts at a multiple of this many elements,
 /// so any kernel `BLOCK` dividing it keeps every chunk inside one group.
@@ -853,8 +851,5 @@ fn upload_block_groups(
     Ok(device.from_slice(&[bg.len()], &bg)?)
 }
 
+// Test code: the self-checks against float64 and the unit tests (nothing above uses them).
 pub mod checks;
-#[cfg(test)]
-mod tests;
-
-pub use checks::gpu_checks;

@@ -2,8 +2,8 @@
 //! self-test's check that a training step's forward, recorded once, replays like the
 //! same ops launched one by one.
 
-use super::norm::{poisoned_on, random_on};
-use super::{OpError, Ops};
+use super::common::{poisoned_on, random_on};
+use crate::ops::{OpError, Ops};
 use kgen_core::types::DType;
 use kgen_runtime::{Device, RuntimeError, Tensor};
 

@@ -1,8 +1,10 @@
 //! A float64 port of torch.optim.adamw's `_single_tensor_adamw` (torch 2.x, amsgrad
 //! either way, capturable=False, differentiable=False), the reference the optimizer's tests and GPU
-//! checks compare against. Written from torch's Python source, independently of the
+//! checks (`crate::optim::checks`) compare against. Written from torch's Python source, independently of the
 //! kernel (which follows the fused CUDA kernel's algebra); the two agree to f32
 //! rounding.
+
+use crate::optim::ParamGroup;
 
 /// One group's hyperparameters, as torch takes them (Python floats).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -15,8 +17,8 @@ pub struct TorchHyper {
     pub amsgrad: bool,
 }
 
-impl From<&super::ParamGroup> for TorchHyper {
-    fn from(g: &super::ParamGroup) -> TorchHyper {
+impl From<&ParamGroup> for TorchHyper {
+    fn from(g: &ParamGroup) -> TorchHyper {
         TorchHyper {
             lr: g.lr,
             betas: g.betas,

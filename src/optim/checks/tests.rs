@@ -1,10 +1,12 @@
 //! Tests of `kgen::optim` on the interpreter: layout, AdamW trajectories against torch's
 //! algorithm in f64 (two groups, ten steps, awkward sizes, every dtype pairing), gradient
-//! statistics with inf and NaN, and every typed error.
+//! statistics with inf and NaN, and every typed error. (Here, beside the checks they
+//! run, so that the optimizer's own files need no test references.)
 
-use super::checks::{check_adamw, check_clip, AdamWCheck};
-use super::*;
+use super::{check_adamw, check_clip, compare, round_to, AdamWCheck};
+use crate::cases::torch_adamw::{torch_adamw_step, TorchHyper};
 use crate::cases::Rng;
+use crate::optim::*;
 use kgen_core::host::HostTensor;
 use kgen_runtime::Device;
 
@@ -262,8 +264,8 @@ fn adamw_check_detects_a_wrong_update() {
         .unwrap();
     opt.step(&ops).unwrap();
     let got = p.to_f64_vec().unwrap();
-    let init = super::checks::round_to(DType::F32, &init);
-    let grads = super::checks::round_to(DType::F32, &grads);
+    let init = round_to(DType::F32, &init);
+    let grads = round_to(DType::F32, &grads);
     let reference = |h: TorchHyper| {
         let (mut q, mut m, mut v) = (init.clone(), vec![0.0; n], vec![0.0; n]);
         torch_adamw_step(&mut q, &grads, &mut m, &mut v, &mut [], &h, 1);
@@ -271,7 +273,7 @@ fn adamw_check_detects_a_wrong_update() {
     };
     let right = TorchHyper::from(&c.groups[1]);
     let tol = 1e-6;
-    assert!(super::checks::compare("p", &got, &reference(right), tol, 1e-9).is_ok());
+    assert!(compare("p", &got, &reference(right), tol, 1e-9).is_ok());
     for wrong in [
         TorchHyper {
             maximize: false,
@@ -286,7 +288,7 @@ fn adamw_check_detects_a_wrong_update() {
             ..right
         },
     ] {
-        assert!(super::checks::compare("p", &got, &reference(wrong), tol, 1e-9).is_err());
+        assert!(compare("p", &got, &reference(wrong), tol, 1e-9).is_err());
     }
 }
 

@@ -7,9 +7,10 @@
 //! `|got - want| / max(|want|, atol / rtol)` (a relative error that stops growing where
 //! the absolute tolerance takes over), which passes when it is `<= rtol`.
 
-use super::{read_grad_stats, AdamW, AdamWLaunch, GradStats, GradStatsLaunch, ParamGroup};
+use crate::cases::torch_adamw::torch_adamw_step;
 use crate::cases::Rng;
 use crate::ops::Ops;
+use crate::optim::{read_grad_stats, AdamW, AdamWLaunch, GradStats, GradStatsLaunch, ParamGroup};
 use kgen_core::host::HostTensor;
 use kgen_core::types::DType;
 use kgen_runtime::Device;
@@ -148,7 +149,7 @@ pub(crate) fn check_adamw(device: &Device, c: &AdamWCheck) -> Result<f64, String
             let raw: Vec<f64> = (0..n).map(|_| rng.signed_magnitude(1e-3, 1e-1)).collect();
             let h = HostTensor::from_f64(c.param, &g.shapes[*j], &raw);
             opt.grad(*gi, *j).copy_from_host(&h).map_err(r)?;
-            super::torch_adamw_step(p, &h.to_f64_vec(), m, v, vmax, &g.into(), t);
+            torch_adamw_step(p, &h.to_f64_vec(), m, v, vmax, &g.into(), t);
             *p = round_to(c.param, p);
             *m = round_to(c.state, m);
             *v = round_to(c.state, v);
@@ -382,8 +383,8 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
         ));
     }
     // Past two refills of the hyperparameter table, with an lr change between refills.
-    let steps = 2 * super::HP_STEPS_MAX as u64 + 40;
-    let at = super::HP_STEPS_MAX as u64 + 17;
+    let steps = 2 * crate::optim::HP_STEPS_MAX as u64 + 40;
+    let at = crate::optim::HP_STEPS_MAX as u64 + 17;
     let c = AdamWCheck {
         param: DType::F32,
         state: DType::F32,
@@ -470,3 +471,6 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;
