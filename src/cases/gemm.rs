@@ -105,6 +105,47 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         tile: (128, 128, 64),
         ..base
     });
+    // Tiles that take wgmma on sm_90a (8 warps over 128 rows, 4 over 64: every warp
+    // owns 16 rows), each orientation of the operands, edges in every dimension.
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        v.push(Shape {
+            m: 130,
+            n: 200,
+            k: 136,
+            trans_a: ta,
+            trans_b: tb,
+            tile: (128, 128, 64),
+            ..base
+        });
+    }
+    v.push(Shape {
+        m: 70,
+        n: 130,
+        k: 7,
+        bias: true,
+        act: Act::Silu,
+        dtype: F16,
+        tile: (64, 128, 64),
+        ..base
+    });
+    v.push(Shape {
+        m: 127,
+        n: 257,
+        k: 100,
+        tile: (128, 256, 64),
+        ..base
+    });
+    // 64-byte rows (BK 32): the 64-byte swizzle, K-major and M-major A.
+    for ta in [false, true] {
+        v.push(Shape {
+            m: 129,
+            n: 100,
+            k: 97,
+            trans_a: ta,
+            tile: (128, 128, 32),
+            ..base
+        });
+    }
     if sizes == SizeSet::Full {
         v.push(Shape {
             m: 300,

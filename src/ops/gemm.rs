@@ -74,6 +74,10 @@ pub fn candidates() -> Vec<GemmConfig> {
         c(256, 128, 64, 8, 3),
         c(128, 128, 32, 4, 4),
         c(64, 128, 32, 4, 4),
+        // Every warp 16 rows: wgmma on sm_90a (mma.sync elsewhere).
+        c(128, 128, 64, 8, 3),
+        c(128, 128, 64, 8, 4),
+        c(128, 256, 64, 8, 4),
     ]
 }
 

@@ -88,6 +88,11 @@ impl Assignment {
 struct Assigner<'f> {
     func: &'f Function,
     num_warps: u32,
+    /// The target has `wgmma` (sm_90a): a `dot` of two staged tiles whose shape fits
+    /// gets `wgmma_grid`'s warps.
+    wgmma: bool,
+    /// The instruction that defines each value.
+    defs: HashMap<ValueId, crate::ir::InstId>,
     out: Assignment,
     /// Layouts chosen for loads (and the casts after them) ahead of the forward walk:
     /// see `broadcast_sources`.
@@ -101,12 +106,17 @@ fn squeeze(shape: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-/// Assigns layouts to every value of `func`.
-pub fn assign(func: &Function, num_warps: u32) -> Assignment {
+/// Assigns layouts to every value of `func` (`wgmma`: the target has it).
+pub fn assign(func: &Function, num_warps: u32, wgmma: bool) -> Assignment {
     let n = func.values.len();
     let mut a = Assigner {
         func,
         num_warps,
+        wgmma,
+        defs: crate::ir::program_order(func)
+            .into_iter()
+            .flat_map(|i| func.insts[i].results.iter().map(move |&r| (r, i)))
+            .collect(),
         out: Assignment {
             layouts: vec![None; n],
             uniform_tile: vec![false; n],
@@ -124,6 +134,29 @@ pub fn assign(func: &Function, num_warps: u32) -> Assignment {
     super::cheap_layouts::propagate(func, &mut out);
     out.staged = staged_values(func, &out);
     out
+}
+
+/// Whether `v` is a `scratch_load` of a compiler-made shared buffer, or a transpose of
+/// one (what `passes::pipeline` makes of the tiles a `dot` reads).
+fn shared_tile_load(
+    func: &Function,
+    defs: &HashMap<ValueId, crate::ir::InstId>,
+    v: ValueId,
+) -> bool {
+    let mut v = v;
+    for _ in 0..2 {
+        let Some(&id) = defs.get(&v) else {
+            return false;
+        };
+        match &func.insts[id].op {
+            Op::Permute(x, p) if p.as_slice() == [1, 0] => v = *x,
+            Op::ScratchLoad { buf, .. } => {
+                return func.scratch.get(*buf as usize).is_some_and(|b| b.shared)
+            }
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// The staged values (see `Assignment::staged`): `scratch_load`s of shared buffers, and
@@ -509,7 +542,16 @@ impl Assigner<'_> {
             }
             Op::Dot { a, b, acc } => {
                 if crate::passes::pipeline::mma_dot(func, *a, *b, *acc, self.num_warps) {
-                    let grid = super::mma_layout::warp_grid(rshape[0], rshape[1], self.num_warps);
+                    let k = self.shape(*a).get(1).copied().unwrap_or(0);
+                    let wg = super::mma_layout::wgmma_grid(rshape[0], rshape[1], k, self.num_warps)
+                        .filter(|_| {
+                            self.wgmma
+                                && shared_tile_load(func, &self.defs, *a)
+                                && shared_tile_load(func, &self.defs, *b)
+                        });
+                    let grid = wg.unwrap_or_else(|| {
+                        super::mma_layout::warp_grid(rshape[0], rshape[1], self.num_warps)
+                    });
                     Layout::Mma(super::mma_layout::MmaLayout {
                         warps_m: grid[0],
                         warps_n: grid[1],

@@ -199,6 +199,41 @@ mod tests {
             Family::Ld(Space::SharedCluster)
         );
         assert!(Family::of("frobnicate").effects() == crate::back::ptx::isa::Effects::ALL);
+        // wgmma: the accumulator vector is read and written in place; the descriptors and
+        // the scale predicate are read; it is never removed (it reads shared memory and
+        // completes asynchronously).
+        let p = Reg {
+            class: RegClass::Pred,
+            n: 3,
+        };
+        let w = Inst::new(
+            None,
+            "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16",
+            vec![
+                Operand::Vec(vec![r(1), r(2), r(3), r(4)]),
+                r(20).into(),
+                r(21).into(),
+                p.into(),
+                Operand::Imm(1),
+                Operand::Imm(1),
+                Operand::Imm(0),
+                Operand::Imm(1),
+            ],
+        );
+        assert_eq!(w.opcode.family, Family::Wgmma);
+        assert_eq!(w.defs, vec![r(1), r(2), r(3), r(4)]);
+        assert_eq!(w.uses, vec![r(1), r(2), r(3), r(4), r(20), r(21), p]);
+        assert!(!w.opcode.family.effects().is_pure());
+        for sync in [
+            "wgmma.fence.sync.aligned",
+            "wgmma.commit_group.sync.aligned",
+            "wgmma.wait_group.sync.aligned",
+        ] {
+            assert_eq!(Family::of(sync), Family::WgmmaSync);
+            assert!(Family::of(sync).effects().syncs);
+        }
+        assert_eq!(Family::of("wgmma.frobnicate"), Family::Unknown);
+        assert_eq!(Family::of("fence.proxy.async.shared::cta"), Family::Fence);
     }
 
     #[test]

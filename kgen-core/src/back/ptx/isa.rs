@@ -185,6 +185,12 @@ pub enum Family {
     Createpolicy,
     /// `mma.sync`: the `{d}` vector defined, `{a} {b} {c}` read (registers only).
     Mma,
+    /// `wgmma.mma_async`: the `{d}` accumulator vector read *and* written (in place,
+    /// asynchronously until a `wgmma.wait_group`), the descriptors and the scale
+    /// predicate read; reads shared memory.
+    Wgmma,
+    /// `wgmma.fence` / `wgmma.commit_group` / `wgmma.wait_group`.
+    WgmmaSync,
     // Memory.
     Ld(Space),
     St(Space),
@@ -255,6 +261,9 @@ pub enum Roles {
     DefFirst,
     /// Every register operand is read; nothing is defined.
     AllUses,
+    /// The first operand is read and written (an in-place accumulator); every other
+    /// register operand is read.
+    DefUseFirst,
 }
 
 impl Family {
@@ -305,6 +314,11 @@ impl Family {
             "mapa" => Family::Mapa,
             "createpolicy" => Family::Createpolicy,
             "mma" => Family::Mma,
+            "wgmma" => match second {
+                Some("mma_async") => Family::Wgmma,
+                Some("fence" | "commit_group" | "wait_group") => Family::WgmmaSync,
+                _ => Family::Unknown,
+            },
             "ld" => Family::Ld(Space::parse(second)),
             "st" => Family::St(Space::parse(second)),
             "atom" => Family::Atom(Space::parse(second)),
@@ -353,7 +367,12 @@ impl Family {
                 ..e
             },
             Shfl => Effects { syncs: true, ..e },
-            CpAsyncCommit | CpAsyncWait | Bar | BarRed | BarrierCluster | Fence
+            Wgmma => Effects {
+                reads_memory: true,
+                syncs: true,
+                ..e
+            },
+            WgmmaSync | CpAsyncCommit | CpAsyncWait | Bar | BarRed | BarrierCluster | Fence
             | Griddepcontrol => Effects {
                 syncs: true,
                 reads_memory: true,
@@ -369,7 +388,10 @@ impl Family {
         use Family::*;
         match self {
             St(_) | Red(_) | CpAsync | CpAsyncCommit | CpAsyncWait | Stmatrix | Bar
-            | BarrierCluster | Fence | Griddepcontrol | Bra | Ret | Trap => Roles::AllUses,
+            | BarrierCluster | Fence | Griddepcontrol | Bra | Ret | Trap | WgmmaSync => {
+                Roles::AllUses
+            }
+            Wgmma => Roles::DefUseFirst,
             // An unknown instruction is assumed to read everything it names; what it
             // defines is unknown, so it defines nothing a pass could miss (it is never
             // removed).
@@ -466,7 +488,14 @@ fn roles_of(
         uses.push(g);
     }
     for (k, op) in operands.iter().enumerate() {
-        let def = k == 0 && roles == Roles::DefFirst;
+        let def = k == 0 && matches!(roles, Roles::DefFirst | Roles::DefUseFirst);
+        if k == 0 && roles == Roles::DefUseFirst {
+            match op {
+                Operand::Reg(r) => uses.push(*r),
+                Operand::Vec(rs) => uses.extend(rs.iter().copied()),
+                _ => {}
+            }
+        }
         match op {
             Operand::Reg(r) if def => defs.push(*r),
             Operand::Reg(r) => uses.push(*r),

@@ -118,7 +118,7 @@ pub fn too_many_registers(
     let mut more_warps = false;
     let mut w = num_warps * 2;
     while w * target.warp_size <= target.max_threads_per_block {
-        let asg = assign::assign(func, w);
+        let asg = assign::assign(func, w, target.caps.wgmma);
         let e = assign::estimate_registers(func, &asg);
         let lim = register_limit(target, w * target.warp_size);
         if e.regs <= lim {

@@ -79,6 +79,27 @@ pub fn warp_grid(m: u32, n: u32, num_warps: u32) -> [u32; 2] {
     [wm, wn]
 }
 
+/// The warp grid of a `dot` that `wgmma.mma_async.m64nNk16` computes (sm_90a,
+/// `lower/wgmma.rs`): every warp owns 16 whole rows and all `n` columns, so each
+/// warpgroup of 4 warps owns 64 rows, one `m64nN` instruction per k-step. This is the
+/// `Mma` accumulator layout with `[num_warps, 1]` warps: bit for bit wgmma's `D`
+/// fragment (register bit 0 → column bit 0, bit 1 → row bit 3, the rest → column bits
+/// 3..; lanes as for `mma.sync`; warp bits → row bits 4..). `None` when the tile is not
+/// that shape (then `warp_grid` and `mma.sync` apply).
+pub fn wgmma_grid(m: u32, n: u32, k: u32, num_warps: u32) -> Option<[u32; 2]> {
+    let (m, n, k) = (
+        m.max(1).next_power_of_two(),
+        n.max(1).next_power_of_two(),
+        k.max(1).next_power_of_two(),
+    );
+    let ok = num_warps.is_multiple_of(4)
+        && num_warps > 0
+        && m == 16 * num_warps
+        && (8..=256).contains(&n)
+        && k >= 16;
+    ok.then_some([num_warps, 1])
+}
+
 /// Whether a `[m, k] x [k, n]` product (padded extents) can be tiled by `mma.m16n8k16`
 /// over a warp grid `[wm, wn]`: each warp's part holds whole instructions.
 pub fn mma_shape_ok(m: u32, n: u32, k: u32, grid: [u32; 2]) -> bool {

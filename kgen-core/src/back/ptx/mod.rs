@@ -98,7 +98,7 @@ pub fn write(
         ));
     }
 
-    let asg = assign::assign(func, num_warps);
+    let asg = assign::assign(func, num_warps, target.caps.wgmma);
     // The estimate is checked against one block's budget; a `min_blocks_per_sm` bound is
     // ptxas's to meet (`.minnctapersm`, like `__launch_bounds__`), which spills rather
     // than fails when it cannot: `tests/no_spills.rs` checks the op library's bounds.

@@ -26,6 +26,7 @@ mod scan;
 mod scratch;
 mod shape;
 pub mod staged;
+mod wgmma;
 
 use super::assign::Assignment;
 use super::isa::{Addr, Family, Inst, Operand, Reg, RegClass, Space, Stmt};
@@ -1028,8 +1029,15 @@ impl<'a> Lowerer<'a> {
                 .ok_or_else(|| unsupported(span, "yield arity"))?;
             srcs.push(self.operand_in(v, lin, span)?);
         }
+        // A source that is some other destination must be read before that one is
+        // written (a permutation): copy every source first. A source that is its own
+        // destination (an accumulator updated in place) moves nothing.
         let dst_set: std::collections::HashSet<Reg> = dst.iter().flatten().copied().collect();
-        let overlap = srcs.iter().flatten().any(|r| dst_set.contains(r));
+        let overlap = srcs
+            .iter()
+            .zip(dst)
+            .flat_map(|(s, d)| s.iter().zip(d))
+            .any(|(r, d)| r != d && dst_set.contains(r));
         if overlap {
             for s in srcs.iter_mut() {
                 for r in s.iter_mut() {
@@ -1236,7 +1244,10 @@ impl<'a> Lowerer<'a> {
             }
             Op::Dot { a, b, acc } => match res.map(|r| self.asg.layout(r)) {
                 Some(crate::back::ptx::layout::Layout::Mma(m)) => {
-                    self.lower_mma(id, *a, *b, *acc, m)
+                    match res.and_then(|r| self.wgmma_plan(*a, *b, r, m)) {
+                        Some(plan) => self.lower_wgmma(id, *acc, plan),
+                        None => self.lower_mma(id, *a, *b, *acc, m),
+                    }
                 }
                 _ => self.lower_dot(id, *a, *b, *acc),
             },

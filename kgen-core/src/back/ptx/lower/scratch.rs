@@ -553,6 +553,11 @@ impl Lowerer<'_> {
         let count = self.fetch_scopes.last().map_or(0, |s| s.count);
         self.flush_fetches(span, |f| count.saturating_sub(f.seq) >= pending as u64)?;
         self.emit("cp.async.wait_group", vec![Operand::Imm(pending as i64)]);
+        if self.has_wgmma_dot() {
+            // The copies (and element-wise stores) wrote through the generic proxy;
+            // wgmma reads through the async proxy (lower/wgmma.rs).
+            self.emit("fence.proxy.async.shared::cta", vec![]);
+        }
         // The staged buffers' copies are complete for this thread; others see them after
         // the next block barrier (the tracker places it before the first read).
         self.sync.async_done();
