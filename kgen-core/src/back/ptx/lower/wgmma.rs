@@ -71,7 +71,11 @@ impl Descriptor {
         };
         // Rows on the 8-row grid and columns on 16-byte chunks: the offset is the
         // unswizzled one (the XOR reads row bits 0-2 only).
-        if r0 % 8 != 0 || (c0 * tile.elem_bytes) % 16 != 0 || r0 >= tile.rows || c0 >= tile.cols {
+        if !r0.is_multiple_of(8)
+            || !(c0 * tile.elem_bytes).is_multiple_of(16)
+            || r0 >= tile.rows
+            || c0 >= tile.cols
+        {
             return None;
         }
         let start = tile.offset(r0, c0);
