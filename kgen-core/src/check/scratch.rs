@@ -51,6 +51,7 @@ impl Checker<'_> {
             slot_shape: shape.dims().to_vec(),
             span,
             shared: false,
+            lag: 0,
         });
         Ev::Scratch(id)
     }

@@ -67,12 +67,17 @@ impl Printer<'_> {
             let shape: Vec<String> = b.slot_shape.iter().map(|d| d.to_string()).collect();
             writeln!(
                 self.out,
-                "  #{i} {}: {} {} x tile<{}, [{}]>",
+                "  #{i} {}: {} {} x tile<{}, [{}]>{}",
                 b.name,
                 if b.shared { "shared" } else { "scratch" },
                 b.slots,
                 b.dtype,
-                shape.join(", ")
+                shape.join(", "),
+                if b.lag > 0 {
+                    format!(" (lag {})", b.lag)
+                } else {
+                    String::new()
+                }
             )?;
         }
         writeln!(self.out, "{{")?;

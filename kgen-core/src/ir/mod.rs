@@ -64,6 +64,10 @@ pub struct ScratchBuf {
     /// each thread reads back what it stored. The semantics of the scratch ops are the
     /// same for both.
     pub shared: bool,
+    /// Slots of a shared ring that the pipeline keeps out of its fetch distance for a
+    /// product still reading them (`passes::pipeline`: 1 when the back end may leave one
+    /// `wgmma` group in flight across the loop's back edge; 0 otherwise).
+    pub lag: u32,
 }
 
 /// A kernel parameter, in source order.

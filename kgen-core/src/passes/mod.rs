@@ -36,6 +36,7 @@ impl PassOptions {
                 max_shared_bytes: target.max_shared_bytes_per_block,
                 target_name: target.arch.name(),
                 full_shared_bytes: target.max_shared_bytes_per_block,
+                wgmma: target.caps.wgmma,
             }),
         }
     }

@@ -21,7 +21,15 @@
 //! scratch_wait(0)
 //! ```
 //!
-//! (With `S = 1`: fetch, `scratch_wait(0)`, load, in each iteration.) Fetches of
+//! (With `S = 1`: fetch, `scratch_wait(0)`, load, in each iteration.)
+//!
+//! With a *lag* of 1 (`PipelineOptions::wgmma`, see `in_place_wgmma_dot`) the fetch
+//! distance is `D = S - 2` instead of `S - 1`: the prologue fetches `D` iterations, the
+//! wait is `scratch_wait((D-1) * F)`, and iteration k fetches iteration `k + D` into slot
+//! `(slot + D) mod S`, the slot read two iterations ago, so the slot read one iteration
+//! ago is free to be read still (by the previous iteration's wgmma, which the back end
+//! lets run on across the back edge and waits for in the next iteration's `dot`, before
+//! that iteration's barrier). The buffers record it (`ScratchBuf::lag`). Fetches of
 //! iterations past the loop's end get a tile index of -1 in their first dimension: out of
 //! bounds, so they copy zeros and read no memory; their slots are never read.
 //!
@@ -66,6 +74,10 @@ pub struct PipelineOptions {
     /// The target's whole per-block shared memory (`max_shared_bytes` before the
     /// kernel's own scratch buffers are taken out).
     pub full_shared_bytes: u32,
+    /// The target has `wgmma` (sm_90a): a loop whose one tensor-core `dot` will run on
+    /// it (`mma_layout::wgmma_grid`) and accumulates in place (its accumulator is the
+    /// carried value, its result only yielded) gets a lag of 1 (module docs).
+    pub wgmma: bool,
 }
 
 /// Pipelines every qualifying loop of `func` (inner loops first).
@@ -310,9 +322,85 @@ fn pipeline_loop(
     let Some(s_count) = stages else {
         return Ok(None);
     };
+    let lag = if s_count >= 3 && o.wgmma && in_place_wgmma_dot(func, &body, o.num_warps) {
+        1
+    } else {
+        0
+    };
     Ok(Some(rewrite(
-        func, id, iv, lower, upper, step, &staged, s_count, &def,
+        func, id, iv, lower, upper, step, &staged, s_count, lag, &def,
     )))
+}
+
+/// Whether the loop body `body` has exactly one tensor-core `dot`, of a shape that wgmma
+/// computes, whose accumulator is a carried value read by nothing else and whose result
+/// is read only by the body's `yield`: then its product may still be running when the
+/// next iteration starts (the back end keeps one wgmma group in flight), and the
+/// accumulator is touched by nothing in between.
+fn in_place_wgmma_dot(func: &Function, body: &Block, num_warps: u32) -> bool {
+    let mut uses: HashMap<ValueId, usize> = HashMap::new();
+    let mut all = Vec::new();
+    collect_insts(func, body, &mut all);
+    for &i in &all {
+        for v in crate::ir::operands(&func.insts[i].op) {
+            *uses.entry(v).or_default() += 1;
+        }
+    }
+    let dots: Vec<InstId> = body
+        .insts
+        .iter()
+        .copied()
+        .filter(|&i| match func.insts[i].op {
+            Op::Dot { a, b, acc } => mma_dot(func, a, b, acc, num_warps),
+            _ => false,
+        })
+        .collect();
+    let [d] = dots.as_slice() else {
+        return false;
+    };
+    let Op::Dot { a, acc, .. } = func.insts[*d].op else {
+        return false;
+    };
+    let Some(&res) = func.insts[*d].results.first() else {
+        return false;
+    };
+    let (Some(sa), Some(sc)) = (
+        func.value_type(a).shape().map(|s| s.dims().to_vec()),
+        func.value_type(res).shape().map(|s| s.dims().to_vec()),
+    ) else {
+        return false;
+    };
+    let (Some(&k), [m, n]) = (sa.get(1), sc.as_slice()) else {
+        return false;
+    };
+    let yielded = body
+        .insts
+        .last()
+        .is_some_and(|&y| matches!(&func.insts[y].op, Op::Yield(vs) if vs.contains(&res)));
+    crate::back::ptx::mma_layout::wgmma_grid(*m, *n, k, num_warps).is_some()
+        && body.args.contains(&acc)
+        && uses.get(&acc) == Some(&1)
+        && uses.get(&res) == Some(&1)
+        && yielded
+}
+
+/// Every instruction of `block` and its regions.
+fn collect_insts(func: &Function, block: &Block, out: &mut Vec<InstId>) {
+    for &i in &block.insts {
+        out.push(i);
+        match &func.insts[i].op {
+            Op::For { body, .. } => collect_insts(func, body, out),
+            Op::If {
+                then_body,
+                else_body,
+                ..
+            } => {
+                collect_insts(func, then_body, out);
+                collect_insts(func, else_body, out);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Every value defined in `block` and its regions.
@@ -443,6 +531,7 @@ fn rewrite(
     step: ValueId,
     staged: &[Staged],
     stages: u32,
+    lag: u32,
     def: &HashMap<ValueId, InstId>,
 ) -> (Vec<InstId>, Vec<InstId>) {
     let span = func.insts[for_id].span;
@@ -458,6 +547,7 @@ fn rewrite(
                 slot_shape: s.shape.clone(),
                 span: s.span,
                 shared: true,
+                lag,
             });
             (func.scratch.len() - 1) as u32
         })
@@ -543,7 +633,9 @@ fn rewrite(
         b.inst(&mut top, Op::ScratchWait { pending: 0 }, vec![], span);
         slot_arg = zero;
     } else {
-        for s in 0..stages - 1 {
+        // The fetch distance: iterations fetched ahead, D = S - 1 - lag.
+        let ahead = stages - 1 - lag;
+        for s in 0..ahead {
             let it = iter_at(&mut b, &mut before, lower, s as i64);
             let slot = konst(&mut b, &mut before, s as i64);
             fetch(&mut b, &mut before, it, slot);
@@ -554,31 +646,38 @@ fn rewrite(
         b.inst(
             &mut top,
             Op::ScratchWait {
-                pending: (stages - 2) * fetches_per_iter,
+                pending: (ahead - 1) * fetches_per_iter,
             },
             vec![],
             span,
         );
-        let it = iter_at(&mut b, &mut top, iv, (stages - 1) as i64);
-        // The slot read in the last iteration: (slot + S - 1) mod S.
+        let it = iter_at(&mut b, &mut top, iv, ahead as i64);
+        // The slot read 1 + lag iterations ago: (slot + D) mod S.
         let zero = konst(&mut b, &mut top, 0);
-        let last = konst(&mut b, &mut top, (stages - 1) as i64);
         let one = konst(&mut b, &mut top, 1);
-        let is0 = b.inst(
+        let d = konst(&mut b, &mut top, ahead as i64);
+        let sum = b.inst(
             &mut top,
-            Op::Compare(CmpOp::Eq, arg, zero),
+            Op::Binary(BinaryOp::Add, arg, d),
+            vec![i32t.clone()],
+            span,
+        )[0];
+        let s_k = konst(&mut b, &mut top, stages as i64);
+        let over = b.inst(
+            &mut top,
+            Op::Compare(CmpOp::Ge, sum, s_k),
             vec![boolt.clone()],
             span,
         )[0];
-        let dec = b.inst(
+        let wrapped = b.inst(
             &mut top,
-            Op::Binary(BinaryOp::Sub, arg, one),
+            Op::Binary(BinaryOp::Sub, sum, s_k),
             vec![i32t.clone()],
             span,
         )[0];
         let ws = b.inst(
             &mut top,
-            Op::Select(is0, last, dec),
+            Op::Select(over, wrapped, sum),
             vec![i32t.clone()],
             span,
         )[0];
@@ -590,7 +689,7 @@ fn rewrite(
             vec![i32t.clone()],
             span,
         )[0];
-        let sc = konst(&mut b, &mut top, stages as i64);
+        let sc = s_k;
         let wrap = b.inst(
             &mut top,
             Op::Compare(CmpOp::Eq, inc, sc),

@@ -167,6 +167,9 @@ pub struct Lowerer<'a> {
     /// the next tensor-core `dot`'s instructions (`mma.rs`) instead of in front of them,
     /// and at the latest before anything that is not pure arithmetic (`drain_copies`).
     deferred_copies: Vec<Stmt>,
+    /// A `wgmma` group may still be running (`lower/wgmma.rs`, with a lag): the loop
+    /// being lowered waits for it at its exit.
+    wgmma_in_flight: bool,
     #[allow(clippy::type_complexity)]
     lane_offsets: HashMap<
         (
@@ -237,6 +240,7 @@ impl<'a> Lowerer<'a> {
             shared_bufs: HashMap::new(),
             staged_vals: HashMap::new(),
             deferred_copies: Vec::new(),
+            wgmma_in_flight: false,
             lane_offsets: HashMap::new(),
             scratch,
             scratch_bytes,
@@ -1105,6 +1109,9 @@ impl<'a> Lowerer<'a> {
         self.emit("bra.uni", vec![Operand::Label(head)]);
         self.place_label(end);
         self.sync.join();
+        if std::mem::take(&mut self.wgmma_in_flight) {
+            self.emit("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
+        }
         for (k, &r) in inst.results.iter().enumerate() {
             if let Some(c) = carried.get(k) {
                 self.bind(r, c.clone());

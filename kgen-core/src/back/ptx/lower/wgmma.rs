@@ -111,6 +111,9 @@ pub(super) struct Plan {
     n: u32,
     steps: u32,
     ty: &'static str,
+    /// The pipeline left a slot for this product to keep reading across the loop's
+    /// back edge (`ScratchBuf::lag`).
+    lag: bool,
 }
 
 impl Lowerer<'_> {
@@ -188,7 +191,14 @@ impl Lowerer<'_> {
         if a_mn < mp || b_mn < np {
             return None;
         }
+        let lag = [va.buf, vb.buf].iter().all(|&buf| {
+            self.func
+                .scratch
+                .get(buf as usize)
+                .is_some_and(|s| s.lag >= 1)
+        });
         Some(Plan {
+            lag,
             a: va,
             b: vb,
             major_a,
@@ -212,9 +222,14 @@ impl Lowerer<'_> {
         let mut cur: Vec<Reg> = self.operand_in(acc, &lin_c, span)?;
         // In place only when nothing else reads the accumulator's registers.
         let distinct = cur.iter().collect::<std::collections::HashSet<_>>().len() == cur.len();
-        if !distinct || self.uses.get(&acc).copied().unwrap_or(0) != 1 {
+        let in_place = distinct && self.uses.get(&acc).copied().unwrap_or(0) == 1;
+        if !in_place {
             cur = cur.iter().map(|&r| self.copy(r)).collect();
         }
+        // One group left in flight: only when nothing but the next iteration's wgmma
+        // touches the accumulator (the pipeline checked the IR; the registers must be
+        // the carried ones, updated in place).
+        let keep_one = plan.lag && in_place && self.uses.get(&res).copied().unwrap_or(0) == 1;
         // wgmma's d index i: row 8 * (i / 2 % 2), column 8 * (i / 4) + i % 2 (plus the
         // lane's and the warp's parts, which the layout shares with the instruction).
         let n = plan.n;
@@ -265,7 +280,14 @@ impl Lowerer<'_> {
         self.emit("wgmma.commit_group.sync.aligned", vec![]);
         // The next stages' copies go out while the tensor cores work.
         self.drain_copies();
-        self.emit("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
+        // With a lag, this waits for the previous iteration's group (its slot is the one
+        // the next iteration refills, after its barrier); the enclosing loop waits for
+        // the last group at its exit (`lower_for`).
+        let pending = if keep_one { 1 } else { 0 };
+        self.emit("wgmma.wait_group.sync.aligned", vec![Operand::Imm(pending)]);
+        if keep_one {
+            self.wgmma_in_flight = true;
+        }
         self.bind(res, cur);
         Ok(())
     }
