@@ -85,8 +85,8 @@ struct SpecArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=32))]
     min_blocks_per_sm: Option<u32>,
     /// Software-pipeline depth of the loops that feed a tensor-core `dot` (Triton's
-    /// `num_stages`: tiles in flight in shared memory). Default: 3, fewer where shared
-    /// memory is short.
+    /// `num_stages`: tiles in flight in shared memory). Default: 3 (4 for a `dot` on
+    /// sm_90a's wgmma), fewer where shared memory is short.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8))]
     stages: Option<u32>,
     /// Alignment in bytes (1, 2, 4, 8 or 16) the kernel may assume for a tensor
