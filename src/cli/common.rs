@@ -294,6 +294,11 @@ pub fn checked_options(
     spec: &SpecArgs,
 ) -> Result<CompileOptions, CliError> {
     check_repeats(spec)?;
+    // Only `--align` names need the kernel's parameters: without one, the file is parsed
+    // once, by the compile.
+    if spec.aligns.is_empty() {
+        return Ok(options(arch, spec));
+    }
     if let Ok(module) = kgen::core::front::parse(file) {
         if let Some(k) = selected_kernel(&module, spec.kernel.as_deref()) {
             check_align_names(spec, &[k])?;
