@@ -58,6 +58,14 @@ pub struct Specialization {
     pub num_stages: Option<u32>,
     /// Per tensor parameter, in parameter order: (name, assumed alignment in bytes).
     pub tensor_align: Vec<(String, u32)>,
+    /// Tile fetches stay on `cp.async` where the target could use TMA (`--no-tma`: for
+    /// launchers that cannot build tensor maps, and for A/B measurements).
+    #[serde(default)]
+    pub no_tma: bool,
+    /// Warp-specialize where the target and kernel allow it (`--ws`: one producer
+    /// warpgroup issues the TMA copies; `back/ptx/lower/ws.rs`).
+    #[serde(default)]
+    pub ws: bool,
 }
 
 impl Specialization {
@@ -90,6 +98,12 @@ impl Specialization {
         if let Some(n) = self.num_stages {
             s.push_str(&format!("__s{n}"));
         }
+        if self.no_tma {
+            s.push_str("__notma");
+        }
+        if self.ws {
+            s.push_str("__ws");
+        }
         for (name, align) in &self.tensor_align {
             if *align < 16 {
                 s.push_str(&format!("__{name}_a{align}"));
@@ -119,8 +133,14 @@ impl Specialization {
             Some(n) => format!(";stages={n}"),
             None => String::new(),
         };
+        let tma = match (self.no_tma, self.ws) {
+            (false, false) => "",
+            (true, false) => ";no_tma",
+            (false, true) => ";ws",
+            (true, true) => ";no_tma;ws",
+        };
         format!(
-            "{}<{}>;warps={}{blocks}{stages};align={}",
+            "{}<{}>;warps={}{blocks}{stages}{tma};align={}",
             self.kernel,
             consts.join(","),
             self.num_warps,
@@ -141,10 +161,30 @@ pub enum AbiSlot {
     TensorStride { param: u32, dim: u8 },
     /// A scalar parameter, by value. `bool` travels as `.u32`, f16/bf16 as `.b16`.
     Scalar { param: u32, dtype: DType },
+    /// A TMA tensor map (`CUtensorMap`, 128 bytes, declared `.param .align 64 .b8
+    /// name[128]`) of the rank-2 tensor parameter `param`, built on the host by
+    /// `cuTensorMapEncodeTiled` from the tensor's address, extents and row stride with
+    /// this box and swizzle ([`TensorMapSpec`]).
+    TensorMap { param: u32, map: TensorMapSpec },
 }
 
-/// The PTX types a kernel parameter is declared with.
-pub const PTX_PARAM_TYPES: &[&str] = &["u64", "s64", "u32", "s32", "f32", "b16"];
+/// What a kernel asks of one tensor map besides the tensor itself: the box it copies
+/// and its shared-memory swizzle. The dtype and extents come from the argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorMapSpec {
+    /// Box extents, innermost (contiguous) dimension first, in elements.
+    pub box_dims: [u32; 2],
+    /// `CUtensorMapSwizzle`: 0 none, 1 = 32 B, 2 = 64 B, 3 = 128 B.
+    pub swizzle: u32,
+}
+
+/// The PTX types a kernel parameter is declared with. `tmap` is printed `.align 64 .b8
+/// name[128]` (a [`AbiSlot::TensorMap`]).
+pub const PTX_PARAM_TYPES: &[&str] = &["u64", "s64", "u32", "s32", "f32", "b16", "tmap"];
+
+/// Bytes of a tensor-map parameter (`sizeof(CUtensorMap)`), and its alignment.
+pub const TENSOR_MAP_BYTES: u32 = 128;
+pub const TENSOR_MAP_ALIGN: u32 = 64;
 
 /// One PTX parameter.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -103,7 +103,7 @@ pub struct ParamDoc {
     /// The `.param` name in the PTX.
     pub name: String,
     /// The PTX type: `u64` (pointer), `s32` (extent, stride, i32), `u32` (u32, bool),
-    /// `s64` (i64), `f32`, `b16` (f16/bf16 bits).
+    /// `s64` (i64), `f32`, `b16` (f16/bf16 bits), `tmap` (a 128-byte tensor map).
     pub ptx_type: String,
     /// Bytes of the value passed.
     pub size: u32,
@@ -137,6 +137,20 @@ pub enum ParamRole {
         source: String,
         source_index: u32,
         dtype: String,
+    },
+    /// A `CUtensorMap` (128 bytes, by value, 64-byte aligned: PTX type `tmap`, declared
+    /// `.param .align 64 .b8 name[128]`) of rank-2 tensor `source`, made with
+    /// `cuTensorMapEncodeTiled`: data type from the tensor's dtype, rank 2, the address of
+    /// element [0, 0], `globalDim = [extent 1, extent 0]` (innermost first),
+    /// `globalStrides = [stride 0 * elem_bytes]`, `boxDim = box_dims`, element strides
+    /// [1, 1], no interleave, `swizzle` (`CUtensorMapSwizzle`: 1 = 32 B, 2 = 64 B, 3 =
+    /// 128 B), L2 promotion 256 B, no NaN fill (out-of-bounds elements read as zero).
+    /// Compile with `--no-tma` for a launcher that cannot make one.
+    TensorMap {
+        source: String,
+        source_index: u32,
+        box_dims: [u32; 2],
+        swizzle: u32,
     },
 }
 
@@ -210,6 +224,12 @@ impl AbiDoc {
                         source: source_name(k, *param),
                         source_index: *param,
                         dtype: dtype_name(*dtype),
+                    },
+                    AbiSlot::TensorMap { param, map } => ParamRole::TensorMap {
+                        source: source_name(k, *param),
+                        source_index: *param,
+                        box_dims: map.box_dims,
+                        swizzle: map.swizzle,
                     },
                 };
                 ParamDoc {
@@ -370,6 +390,7 @@ mod tests {
                         format!("{source}.stride{dim}")
                     }
                     ParamRole::Scalar { source, dtype, .. } => format!("{source}:{dtype}"),
+                    ParamRole::TensorMap { source, .. } => format!("{source}.tmap"),
                 })
                 .collect();
             assert_eq!(

@@ -34,6 +34,11 @@ pub struct CompileOptions {
     /// (Triton's `num_stages`: that many tiles of each operand in flight in shared
     /// memory); `None` lets the compiler choose (3, fewer where shared memory is short).
     pub num_stages: Option<u32>,
+    /// Keep tile fetches on `cp.async` where the target could use TMA (the
+    /// specialization's `no_tma`).
+    pub no_tma: bool,
+    /// Warp-specialize a TMA-fed wgmma kernel (`lower/ws.rs`; the specialization's `ws`).
+    pub ws: bool,
 }
 
 impl CompileOptions {
@@ -46,6 +51,8 @@ impl CompileOptions {
             min_blocks_per_sm: None,
             tensor_align: Vec::new(),
             num_stages: None,
+            no_tma: false,
+            ws: false,
         }
     }
 

@@ -79,6 +79,16 @@ pub struct Gpu {
     pub(crate) stream: Arc<CudaStream>,
     info: DeviceInfo,
     modules: Mutex<HashMap<(String, String), Arc<CudaModule>>>,
+    /// TMA tensor maps encoded so far, and 256 zeroed bytes that empty tensors map to
+    /// (`tensor_map.rs`).
+    tma: Box<TmaState>,
+}
+
+/// What TMA launches keep per GPU.
+#[derive(Default)]
+struct TmaState {
+    maps: crate::tensor_map::MapCache,
+    zeros: std::sync::OnceLock<cudarc::driver::CudaSlice<u8>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -169,7 +179,47 @@ impl Gpu {
             stream,
             info,
             modules: Mutex::new(HashMap::new()),
+            tma: Box::default(),
         })
+    }
+
+    /// The tensor map of `spec` over tensor `t` (dtype, device address, shape, strides),
+    /// encoded once per distinct set of arguments.
+    pub(crate) fn tensor_map(
+        &self,
+        dtype: kgen_core::types::DType,
+        address: u64,
+        shape: &[usize],
+        strides: &[usize],
+        spec: &kgen_core::abi::TensorMapSpec,
+    ) -> Result<crate::tensor_map::TensorMapArg, RuntimeError> {
+        let p = crate::tensor_map::TensorMapParams::of(dtype, address, shape, strides, spec)
+            .map_err(|why| RuntimeError::LaunchConfig(format!("tensor map: {why}")))?;
+        let zero = if p.address.is_none() {
+            self.zeros_ptr()?
+        } else {
+            0
+        };
+        self.tma.maps.get(&p, zero)
+    }
+
+    /// The device address of 256 zeroed bytes owned by this GPU.
+    fn zeros_ptr(&self) -> Result<u64, RuntimeError> {
+        if self.tma.zeros.get().is_none() {
+            let buf = self
+                .stream
+                .alloc_zeros::<u8>(256)
+                .op("cuMemAlloc (zeros)")?;
+            self.stream.synchronize().op("cuStreamSynchronize")?;
+            let _ = self.tma.zeros.set(buf);
+        }
+        let buf = self
+            .tma
+            .zeros
+            .get()
+            .ok_or_else(|| RuntimeError::LaunchConfig("no zero buffer".into()))?;
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(buf, self.stream.as_ref());
+        Ok(ptr)
     }
 
     /// The cudarc context (for interop: cuBLAS, your own cudarc code).
@@ -361,10 +411,24 @@ impl Gpu {
             .synchronize()
             .op("cuStreamSynchronize (after the copies in)")?;
         start.record(stream).op("cuEventRecord")?;
+        // Tensor maps (`AbiSlot::TensorMap`) over the device copies.
+        let mut maps: HashMap<usize, crate::tensor_map::TensorMapArg> = HashMap::new();
+        for (i, p) in k.kernel.abi.params.iter().enumerate() {
+            if let kgen_core::abi::AbiSlot::TensorMap { param, map } = &p.slot {
+                let Some(ArgValue::Tensor(t)) = args.get(*param as usize) else {
+                    continue;
+                };
+                let ptr = ptrs.get(*param as usize).copied().unwrap_or(0);
+                maps.insert(i, self.tensor_map(t.dtype, ptr, &t.shape, &t.strides, map)?);
+            }
+        }
         {
             let mut b = stream.launch_builder(&k.func);
-            for v in &values {
-                b.arg(v);
+            for (i, v) in values.iter().enumerate() {
+                match maps.get(&i) {
+                    Some(m) => b.arg(m),
+                    None => b.arg(v),
+                };
             }
             unsafe { b.launch(cfg) }.op("cuLaunchKernel")?;
         }

@@ -280,9 +280,44 @@ pub(crate) fn pack_into(k: &Kernel, args: &[Arg], out: &mut [u64]) -> Result<(),
                 Some(Arg::Scalar(s)) => scalar_param_bits(*s, *dtype).0,
                 _ => return Err(bad(format!("`{}` is not a scalar argument", p.ptx_name))),
             },
+            // Passed by `tensor_maps` (128 bytes, not a word).
+            AbiSlot::TensorMap { param, .. } => {
+                tensor(*param)?;
+                0
+            }
         };
     }
     Ok(())
+}
+
+/// The tensor maps of `k`'s ABI for `args`: (PTX parameter index, map), encoded (or
+/// found in the GPU's cache) from each tensor's dtype, address, shape and strides.
+pub(crate) fn tensor_maps(
+    gpu: Option<&crate::Gpu>,
+    k: &Kernel,
+    args: &[Arg],
+) -> Result<Vec<(usize, Box<crate::TensorMapArg>)>, RuntimeError> {
+    let mut out = Vec::new();
+    for (i, p) in k.compiled.abi.params.iter().enumerate() {
+        let AbiSlot::TensorMap { param, map } = &p.slot else {
+            continue;
+        };
+        let (Some(gpu), Some(Arg::Tensor(t))) = (gpu, args.get(*param as usize)) else {
+            return Err(RuntimeError::Incompatible {
+                entry: k.compiled.entry.clone(),
+                why: format!("`{}` needs a GPU tensor argument", p.ptx_name),
+            });
+        };
+        let m = gpu.tensor_map(
+            t.dtype(),
+            t.device_ptr().unwrap_or(0),
+            t.shape(),
+            t.strides(),
+            map,
+        )?;
+        out.push((i, Box::new(m)));
+    }
+    Ok(out)
 }
 
 /// Parameters packed on the stack up to this many (no allocation per launch).
@@ -290,6 +325,7 @@ const INLINE_PARAMS: usize = 48;
 
 /// Packs the parameters and calls cuLaunchKernel.
 fn launch_cuda(
+    gpu: Option<&crate::Gpu>,
     k: &Kernel,
     func: sys::CUfunction,
     grid: [u32; 3],
@@ -316,6 +352,10 @@ fn launch_cuda(
     };
     for (p, v) in ptrs.iter_mut().zip(values.iter_mut()) {
         *p = v as *mut u64 as *mut std::ffi::c_void;
+    }
+    let mut maps = tensor_maps(gpu, k, args)?;
+    for (i, m) in maps.iter_mut() {
+        ptrs[*i] = m.as_mut() as *mut crate::TensorMapArg as *mut std::ffi::c_void;
     }
     let launch = k.compiled.launch;
     if launch.programmatic_dependency {
@@ -410,7 +450,14 @@ impl Device {
                 if stream.capture.active() {
                     stream.capture.keep(args);
                 }
-                launch_cuda(k, loaded.func.cu_function(), grid, stream.raw(), args)
+                launch_cuda(
+                    self.gpu(),
+                    k,
+                    loaded.func.cu_function(),
+                    grid,
+                    stream.raw(),
+                    args,
+                )
             }
             Exec::Interp(func) => run_interpreted(func, grid, &k.compiled.abi.source_params, args),
         }
@@ -520,6 +567,8 @@ pub struct PackedLaunch {
     threads: u32,
     smem: u32,
     values: Vec<u64>,
+    /// The tensor maps, boxed so the pointers in `ptrs` stay valid when this moves.
+    maps: Vec<(usize, Box<crate::TensorMapArg>)>,
     ptrs: Vec<*mut std::ffi::c_void>,
     /// Keeps the module (and so `func`) loaded.
     _kernel: std::sync::Arc<Kernel>,
@@ -556,6 +605,7 @@ impl PackedLaunch {
             threads: k.compiled.launch.threads_per_block,
             smem: k.compiled.launch.dynamic_shared_bytes,
             values,
+            maps: tensor_maps(device.gpu(), k, args)?,
             ptrs: Vec::new(),
             _kernel: k.clone(),
         };
@@ -564,6 +614,9 @@ impl PackedLaunch {
             .iter_mut()
             .map(|v| v as *mut u64 as *mut std::ffi::c_void)
             .collect();
+        for (i, m) in p.maps.iter_mut() {
+            p.ptrs[*i] = m.as_mut() as *mut crate::TensorMapArg as *mut std::ffi::c_void;
+        }
         Ok(p)
     }
 

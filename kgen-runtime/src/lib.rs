@@ -55,6 +55,7 @@ mod interop;
 mod kernel;
 mod launch;
 mod tensor;
+mod tensor_map;
 mod upload;
 mod validate;
 
@@ -68,6 +69,7 @@ pub use launch::{
     alignments, check_args, grid_1d, grid_2d, grid_x, tensor_alignment, Arg, PackedLaunch,
 };
 pub use tensor::{Element, Tensor};
+pub use tensor_map::{data_type_code, TensorMapArg, TensorMapParams};
 /// The largest upload `Stream::upload_async` takes (bytes).
 pub use upload::SLOT_BYTES as UPLOAD_ASYNC_MAX_BYTES;
 pub use validate::{

@@ -591,6 +591,8 @@ fn axpy_kernel(arch: kgen_core::Arch) -> kgen_core::CompiledKernel {
             min_blocks_per_sm: None,
             num_stages: None,
             tensor_align: vec![],
+            no_tma: false,
+            ws: false,
         },
     }
 }

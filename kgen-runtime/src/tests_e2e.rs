@@ -151,6 +151,8 @@ fn compile(f: &Function, arch: Arch, warps: u32) -> kgen_core::CompiledKernel {
         min_blocks_per_sm: None,
         num_stages: None,
         tensor_align: vec![],
+        no_tma: false,
+        ws: false,
     };
     kgen_core::back::ptx::write(f, &info, &arch.target(), &spec)
         .unwrap_or_else(|d| panic!("{} {arch}: {d}", f.name))

@@ -341,6 +341,11 @@ pub fn pack_params(
                 })?;
                 (v as u32 as u64, 4)
             }
+            // The 128-byte map is made by the launcher (`tensor_map.rs`); 0 here.
+            AbiSlot::TensorMap { param, .. } => {
+                tensor(*param)?;
+                (0, kgen_core::abi::TENSOR_MAP_BYTES)
+            }
             AbiSlot::Scalar { param, dtype } => match args.get(*param as usize) {
                 Some(ArgValue::Scalar(s)) => scalar_param_bits(*s, *dtype),
                 _ => {

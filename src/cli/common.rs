@@ -315,6 +315,8 @@ pub fn options(arch: Arch, spec: &SpecArgs) -> CompileOptions {
     o.num_warps = spec.warps;
     o.min_blocks_per_sm = spec.min_blocks_per_sm;
     o.num_stages = spec.stages;
+    o.no_tma = spec.no_tma;
+    o.ws = spec.ws;
     o.tensor_align = spec.aligns.clone();
     o
 }

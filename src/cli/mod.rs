@@ -89,6 +89,15 @@ struct SpecArgs {
     /// sm_90a's wgmma), fewer where shared memory is short.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8))]
     stages: Option<u32>,
+    /// On sm_90a, copy the tiles that feed `dot` with `cp.async` instead of the TMA copy
+    /// engine (for a launcher that cannot build tensor maps, or to compare the two).
+    #[arg(long)]
+    no_tma: bool,
+    /// On sm_90a, warp-specialize a TMA-fed wgmma kernel: one more warpgroup whose
+    /// first thread issues every copy, the kernel's warps only compute (measured no
+    /// faster yet on the bundled GEMM: docs/PERFORMANCE.md).
+    #[arg(long)]
+    ws: bool,
     /// Alignment in bytes (1, 2, 4, 8 or 16) the kernel may assume for a tensor
     /// parameter; default 16. Repeatable.
     #[arg(long = "align", value_name = "TENSOR=BYTES", value_parser = common::parse_align)]

@@ -200,6 +200,8 @@ pub fn lower_kernel(
         min_blocks_per_sm: opts.min_blocks_per_sm,
         num_stages: opts.num_stages,
         tensor_align,
+        no_tma: opts.no_tma,
+        ws: opts.ws,
     };
     c.func.name = spec.entry_name();
     c.func.body = c.blocks.pop().unwrap_or_default();

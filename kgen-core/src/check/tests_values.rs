@@ -328,6 +328,8 @@ fn entry_names_of_float_values_are_ptx_identifiers() {
             min_blocks_per_sm: None,
             num_stages: None,
             tensor_align: vec![],
+            no_tma: false,
+            ws: false,
         };
         let name = spec.entry_name();
         assert!(

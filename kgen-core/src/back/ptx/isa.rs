@@ -91,6 +91,9 @@ pub enum Operand {
     Label(u32),
     /// A named symbol: a special register (`%tid.x`) or a parameter/variable name.
     Sym(String),
+    /// A tensor-map reference with its coordinates, innermost first: `[%rd1, {%r1,
+    /// %r2}]` (`cp.async.bulk.tensor`).
+    TensorCoords(Reg, Vec<Reg>),
 }
 
 /// The base of a memory reference.
@@ -198,6 +201,11 @@ pub enum Family {
     Red(Space),
     /// `cp.async` (global → shared, asynchronous).
     CpAsync,
+    /// `cp.async.bulk.tensor` (TMA: a tile global → shared, completing on an mbarrier).
+    CpAsyncBulk,
+    /// `mbarrier.init` / `.arrive` / `.arrive.expect_tx` / `.try_wait` / `.inval`: a
+    /// shared-memory barrier object (`try_wait` defines its predicate).
+    Mbarrier,
     CpAsyncCommit,
     CpAsyncWait,
     /// `ldmatrix` (shared → registers).
@@ -327,8 +335,10 @@ impl Family {
                 (Some("async"), Some("commit_group")) => Family::CpAsyncCommit,
                 (Some("async"), Some("wait_group" | "wait_all")) => Family::CpAsyncWait,
                 (Some("async"), Some("ca" | "cg")) => Family::CpAsync,
+                (Some("async"), Some("bulk")) => Family::CpAsyncBulk,
                 _ => Family::Unknown,
             },
+            "mbarrier" => Family::Mbarrier,
             "ldmatrix" => Family::Ldmatrix,
             "stmatrix" => Family::Stmatrix,
             "shfl" => Family::Shfl,
@@ -361,7 +371,7 @@ impl Family {
                 writes_memory: true,
                 ..e
             },
-            Atom(_) | Red(_) | CpAsync => Effects {
+            Atom(_) | Red(_) | CpAsync | CpAsyncBulk => Effects {
                 reads_memory: true,
                 writes_memory: true,
                 ..e
@@ -373,7 +383,7 @@ impl Family {
                 ..e
             },
             WgmmaSync | CpAsyncCommit | CpAsyncWait | Bar | BarRed | BarrierCluster | Fence
-            | Griddepcontrol => Effects {
+            | Griddepcontrol | Mbarrier => Effects {
                 syncs: true,
                 reads_memory: true,
                 writes_memory: true,
@@ -387,8 +397,8 @@ impl Family {
     pub fn roles(self) -> Roles {
         use Family::*;
         match self {
-            St(_) | Red(_) | CpAsync | CpAsyncCommit | CpAsyncWait | Stmatrix | Bar
-            | BarrierCluster | Fence | Griddepcontrol | Bra | Ret | Trap | WgmmaSync => {
+            St(_) | Red(_) | CpAsync | CpAsyncBulk | CpAsyncCommit | CpAsyncWait | Stmatrix
+            | Bar | BarrierCluster | Fence | Griddepcontrol | Bra | Ret | Trap | WgmmaSync => {
                 Roles::AllUses
             }
             Wgmma => Roles::DefUseFirst,
@@ -502,6 +512,10 @@ fn roles_of(
             Operand::Vec(rs) if def => defs.extend(rs.iter().copied()),
             Operand::Vec(rs) => uses.extend(rs.iter().copied()),
             Operand::Mem(Addr::Reg(r), _) => uses.push(*r),
+            Operand::TensorCoords(m, cs) => {
+                uses.push(*m);
+                uses.extend(cs.iter().copied());
+            }
             _ => {}
         }
     }

@@ -23,6 +23,7 @@ pub mod mma_layout;
 pub mod smem;
 pub mod swizzle;
 pub mod sync;
+pub mod tma;
 pub mod writer;
 
 #[cfg(test)]
@@ -39,6 +40,8 @@ mod tests_rounding;
 mod tests_scan;
 #[cfg(test)]
 mod tests_scratch;
+#[cfg(test)]
+mod tests_tma;
 
 use crate::abi::{
     AbiParam, AbiSlot, CompiledKernel, KernelAbi, LaunchHints, SourceParam, Specialization,
@@ -109,8 +112,41 @@ pub fn write(
         ));
     }
 
-    let (abi, loads) = build_abi(func, spec);
-    let lowered = lower::Lowerer::new(func, &asg, target).run(&loads)?;
+    let tma = tma::plan(func, target, spec);
+    let (mut abi, loads) = build_abi(func, spec);
+    for m in &tma.maps {
+        abi.params.push(AbiParam {
+            ptx_name: m.ptx_name.clone(),
+            ptx_type: "tmap",
+            size: crate::abi::TENSOR_MAP_BYTES,
+            slot: AbiSlot::TensorMap {
+                param: m.param,
+                map: m.spec,
+            },
+        });
+    }
+    // Warp specialization adds a producer warpgroup: only where the registers the
+    // estimate counts still fit with its threads, and one block per SM is asked for.
+    let ws_threads = threads + lower::PRODUCER_THREADS;
+    let specialize = spec.ws
+        && min_blocks == 1
+        && ws_threads <= target.max_threads_per_block
+        && est.regs <= limits::register_limit(target, ws_threads);
+    let mut lowered = lower::Lowerer::new(func, &asg, target)
+        .with_tma(tma.clone(), specialize)
+        .run(&loads)?;
+    if lowered.producer_threads > 0
+        && lowered.smem_bytes + lowered.cluster_slots * lower::SLOT_BYTES
+            > target.max_shared_bytes_per_block
+    {
+        // The rings, alive across the persistent loop, leave the epilogue too little
+        // shared memory: the kernel without a producer warpgroup (its rings are freed
+        // before the epilogue) may fit.
+        lowered = lower::Lowerer::new(func, &asg, target)
+            .with_tma(tma, false)
+            .run(&loads)?;
+    }
+    let threads = threads + lowered.producer_threads;
     let cluster_bytes = lowered.cluster_slots * lower::SLOT_BYTES;
     if lowered.smem_bytes + cluster_bytes > target.max_shared_bytes_per_block {
         // Point at the largest scratch buffer when there is one: it is what to shrink.

@@ -144,6 +144,25 @@ impl Tracker {
         need
     }
 
+    /// Records a read of `r` that needs no barrier before it (its visibility comes from
+    /// elsewhere, an mbarrier phase), so a later write into `r` still waits for it.
+    pub fn note_read(&mut self, r: Range<u32>) {
+        self.read.push(r);
+    }
+
+    /// Before a bulk copy (TMA) into `r` whose completion every reader observes itself
+    /// (an mbarrier phase): checked like a write for write-after-read and write-after-
+    /// write, but never recorded as written, since no block barrier is needed to see it.
+    pub fn before_bulk_write(&mut self, r: Range<u32>) -> bool {
+        let need = self.unknown
+            || self.written.iter().any(|w| overlaps(w, &r))
+            || self.read.iter().any(|x| overlaps(x, &r));
+        if need {
+            self.barrier();
+        }
+        need
+    }
+
     /// A wait completed the block's asynchronous copies (conservatively all of them: a
     /// copy still in flight is never read by a valid program).
     pub fn async_done(&mut self) {

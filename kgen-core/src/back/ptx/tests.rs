@@ -278,6 +278,8 @@ pub fn spec(name: &str, warps: u32) -> Specialization {
         min_blocks_per_sm: None,
         num_stages: None,
         tensor_align: vec![],
+        no_tma: false,
+        ws: false,
     }
 }
 

@@ -43,6 +43,10 @@ impl fmt::Display for Operand {
             Operand::Mem(base, off) => write!(f, "[{base}{off}]"),
             Operand::Label(l) => write!(f, "$L{l}"),
             Operand::Sym(s) => f.write_str(s),
+            Operand::TensorCoords(m, cs) => {
+                let cs: Vec<String> = cs.iter().map(|r| r.to_string()).collect();
+                write!(f, "[{m}, {{{}}}]", cs.join(", "))
+            }
         }
     }
 }
@@ -93,7 +97,11 @@ impl fmt::Display for Module {
         writeln!(s, ".visible .entry {}(", self.entry)?;
         for (i, p) in self.params.iter().enumerate() {
             let sep = if i + 1 < self.params.len() { "," } else { "" };
-            writeln!(s, "\t.param .{} {}{sep}", p.ty, p.name)?;
+            if p.ty == "tmap" {
+                writeln!(s, "\t.param .align 64 .b8 {}[128]{sep}", p.name)?;
+            } else {
+                writeln!(s, "\t.param .{} {}{sep}", p.ty, p.name)?;
+            }
         }
         s.push_str(")\n");
         writeln!(s, ".maxntid {}, 1, 1", self.max_ntid)?;

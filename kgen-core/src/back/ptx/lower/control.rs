@@ -52,6 +52,9 @@ impl Lowerer<'_> {
             if !self.may_pass_deferred_copies(i) {
                 self.drain_copies();
             }
+            if self.ws_split_here(i) {
+                self.ws_split(b, k);
+            }
             self.shared_alloc_before(i);
             let r = self.block_inst(b, k, i, &mut batched);
             self.shared_free_after(i);
@@ -60,6 +63,9 @@ impl Lowerer<'_> {
             }
         }
         self.drain_copies();
+        if self.ws == ws::WsMode::Consumer && self.fetch_scopes.len() == 1 {
+            self.ws_producer(b)?;
+        }
         Ok(Vec::new())
     }
 

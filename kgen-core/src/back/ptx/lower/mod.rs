@@ -27,7 +27,10 @@ mod scan;
 mod scratch;
 mod shape;
 pub mod staged;
+mod tma;
 mod wgmma;
+mod ws;
+pub use ws::PRODUCER_THREADS;
 
 use super::assign::Assignment;
 use super::isa::{Addr, Family, Inst, Operand, Reg, RegClass, Space, Stmt};
@@ -118,6 +121,8 @@ pub struct Lowered {
     pub scratch_slot_bytes: Vec<u32>,
     /// Slots of the `kg_cluster` array (0: the kernel exchanges nothing across a cluster).
     pub cluster_slots: u32,
+    /// Threads added for a warp-specialized producer (`lower/ws.rs`); 0 without.
+    pub producer_threads: u32,
 }
 
 pub struct Lowerer<'a> {
@@ -168,6 +173,20 @@ pub struct Lowerer<'a> {
     /// the next tensor-core `dot`'s instructions (`mma.rs`) instead of in front of them,
     /// and at the latest before anything that is not pure arithmetic (`drain_copies`).
     deferred_copies: Vec<Stmt>,
+    /// The kernel's TMA fetches (`back::ptx::tma`, `lower/tma.rs`): the plan, the live
+    /// rings' mbarriers, thread 0's predicate and the tensor maps' addresses.
+    tma: crate::back::ptx::tma::TmaPlan,
+    tma_rings: HashMap<u32, tma::TmaRing>,
+    tma_leader: Option<Reg>,
+    tmap_addrs: HashMap<usize, Reg>,
+    /// Per TMA ring, the slot register of its last read (what a dot releases).
+    tma_last_slot: HashMap<u32, Reg>,
+    /// Warp specialization (`lower/ws.rs`): allowed for this kernel, the part being
+    /// lowered, the split once made, and lane 0's predicate.
+    ws_allowed: bool,
+    ws: ws::WsMode,
+    ws_split: Option<ws::WsSplit>,
+    ws_lane0: Option<Reg>,
     /// A `wgmma` group may still be running (`lower/wgmma.rs`, with a lag): the loop
     /// being lowered waits for it at its exit.
     wgmma_in_flight: bool,
@@ -237,10 +256,19 @@ impl<'a> Lowerer<'a> {
             smem,
             sync: crate::back::ptx::sync::Tracker::new(),
             smem_temp: None,
-            shared_life: staged::lifetimes(func, &asg.staged),
+            shared_life: staged::lifetimes(func, &asg.staged, &Default::default()),
             shared_bufs: HashMap::new(),
             staged_vals: HashMap::new(),
             deferred_copies: Vec::new(),
+            tma: Default::default(),
+            tma_rings: HashMap::new(),
+            tma_leader: None,
+            tmap_addrs: HashMap::new(),
+            tma_last_slot: HashMap::new(),
+            ws_allowed: false,
+            ws: ws::WsMode::Off,
+            ws_split: None,
+            ws_lane0: None,
             wgmma_in_flight: false,
             lane_offsets: HashMap::new(),
             scratch,
@@ -259,6 +287,22 @@ impl<'a> Lowerer<'a> {
             uniform: std::collections::HashSet::new(),
             known_ints: HashMap::new(),
         }
+    }
+
+    /// Fetches into the buffers `plan` names are TMA copies (`lower/tma.rs`).
+    pub fn with_tma(mut self, plan: crate::back::ptx::tma::TmaPlan, specialize: bool) -> Self {
+        self.ws_allowed = specialize
+            && !plan.is_empty()
+            && self.has_wgmma_dot()
+            && !crate::ir::uses_clusters(self.func);
+        if self.ws_allowed {
+            // The rings live across a persistent loop: the producer fills the next
+            // tile's stages while the consumers finish this one.
+            let rings = plan.by_buf.keys().copied().collect();
+            self.shared_life = staged::lifetimes(self.func, &self.asg.staged, &rings);
+        }
+        self.tma = plan;
+        self
     }
 
     /// Lowers the whole function; `params` says how each source parameter is read.
@@ -291,6 +335,11 @@ impl<'a> Lowerer<'a> {
             scratch_bytes: self.scratch_bytes,
             scratch_slot_bytes: self.scratch.iter().map(|p| p.slot_bytes).collect(),
             cluster_slots: self.cluster_slots,
+            producer_threads: if self.ws_split.is_some() {
+                ws::PRODUCER_THREADS
+            } else {
+                0
+            },
         })
     }
 
@@ -540,7 +589,8 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// A block barrier (`bar.sync 0`), reported to the tracker.
+    /// A block barrier (`bar.sync 0`, or the consumers' barrier after a split), reported
+    /// to the tracker.
     pub fn emit_cta_barrier(&mut self) {
         self.emit_bar_sync();
         self.sync.barrier();
@@ -549,12 +599,26 @@ impl<'a> Lowerer<'a> {
     /// The `bar.sync 0` instruction alone, where the tracker asked for it (it has already
     /// recorded the barrier).
     pub(super) fn emit_bar_sync(&mut self) {
-        let ops = crate::back::ptx::sync::Barrier::Cta
+        let ops = self
+            .block_barrier_entity()
             .sync_operands()
             .into_iter()
             .map(Operand::Imm)
             .collect();
         self.emit("bar.sync", ops);
+    }
+
+    /// The barrier that synchronizes the threads running this code: the CTA's, or after a
+    /// warp-specialization split the consumers' named barrier 1 (`lower/ws.rs`).
+    fn block_barrier_entity(&self) -> crate::back::ptx::sync::Barrier {
+        if self.ws == ws::WsMode::Consumer {
+            crate::back::ptx::sync::Barrier::Named {
+                id: 1,
+                threads: self.threads(),
+            }
+        } else {
+            crate::back::ptx::sync::Barrier::Cta
+        }
     }
 
     /// The kernel's `barrier()`: a block barrier that each thread reaches only once the
@@ -604,7 +668,15 @@ impl<'a> Lowerer<'a> {
         match any {
             Some(p) => {
                 let d = self.reg(RegClass::Pred);
-                self.emit("bar.red.or.pred", vec![d.into(), Operand::Imm(0), p.into()]);
+                let mut ops: Vec<Operand> = vec![d.into()];
+                ops.extend(
+                    self.block_barrier_entity()
+                        .sync_operands()
+                        .into_iter()
+                        .map(Operand::Imm),
+                );
+                ops.push(p.into());
+                self.emit("bar.red.or.pred", ops);
                 self.sync.barrier();
             }
             None => self.emit_cta_barrier(),

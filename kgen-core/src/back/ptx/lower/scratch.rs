@@ -543,6 +543,14 @@ impl Lowerer<'_> {
             return Ok(());
         };
         let span = inst.span;
+        if !self.tma.is_empty() {
+            // Every fetch is a TMA copy (`lower/tma.rs`): reads wait per slot; the drain
+            // waits for the copies nobody read.
+            if pending == 0 {
+                self.tma_drain();
+            }
+            return Ok(());
+        }
         if !self.target.caps.cp_async {
             return Err(unsupported(
                 span,

@@ -78,7 +78,14 @@ pub fn slot_bytes(tile: &SharedTile) -> u32 {
 
 /// The lifetimes of every shared buffer of `func` (module docs). `staged` are the values
 /// read straight from shared memory by `dot`s, whose uses extend their buffer's life.
-pub fn lifetimes(func: &Function, staged: &HashSet<ValueId>) -> Lifetimes {
+/// Buffers in `top_level` live in the kernel's top-level block even when every access
+/// is inside one loop (a warp-specialized ring stays alive across a persistent loop's
+/// iterations: `lower/ws.rs`).
+pub fn lifetimes(
+    func: &Function,
+    staged: &HashSet<ValueId>,
+    top_level: &HashSet<u32>,
+) -> Lifetimes {
     let shared: Vec<u32> = (0..func.scratch.len() as u32)
         .filter(|&b| func.scratch[b as usize].shared)
         .collect();
@@ -111,7 +118,8 @@ pub fn lifetimes(func: &Function, staged: &HashSet<ValueId>) -> Lifetimes {
         }
     }
     for b in shared {
-        place_lifetime(func, &func.body, b, &staged_buf, &mut out);
+        let descend = !top_level.contains(&b);
+        place_lifetime(func, &func.body, b, &staged_buf, descend, &mut out);
     }
     out
 }
@@ -143,6 +151,7 @@ fn place_lifetime(
     block: &Block,
     b: u32,
     staged_buf: &HashMap<ValueId, u32>,
+    descend: bool,
     out: &mut Lifetimes,
 ) {
     let at: Vec<usize> = (0..block.insts.len())
@@ -151,14 +160,14 @@ fn place_lifetime(
     let (Some(&first), Some(&last)) = (at.first(), at.last()) else {
         return;
     };
-    if first == last {
+    if first == last && descend {
         let inner = crate::ir::regions(&func.insts[block.insts[first]].op);
         let holders: Vec<&&Block> = inner
             .iter()
             .filter(|r| r.insts.iter().any(|&j| touches(func, j, b, staged_buf)))
             .collect();
         if let [only] = holders.as_slice() {
-            return place_lifetime(func, only, b, staged_buf, out);
+            return place_lifetime(func, only, b, staged_buf, descend, out);
         }
     }
     // Extend to the `scratch_wait(0)` that drains the buffer's copies.
@@ -181,28 +190,43 @@ fn place_lifetime(
 impl Lowerer<'_> {
     /// Allocates the shared buffers whose lifetime starts at `i`.
     pub(super) fn shared_alloc_before(&mut self, i: InstId) {
+        if self.ws == super::ws::WsMode::Producer {
+            return;
+        }
         let Some(bufs) = self.shared_life.alloc_before.get(&i).cloned() else {
             return;
         };
         for b in bufs {
-            let Some(tile) = buffer_tile(self.func, b) else {
-                continue;
-            };
-            let slots = self.func.scratch[b as usize].slots;
-            let name = self.func.scratch[b as usize].name.clone();
-            let id = self
-                .smem
-                .alloc(name, slot_bytes(&tile).saturating_mul(slots), tile.align());
-            self.shared_bufs.insert(b, id);
+            self.alloc_shared_buf(b);
+        }
+    }
+
+    /// Allocates shared buffer `b` (and a TMA ring's mbarriers).
+    pub(super) fn alloc_shared_buf(&mut self, b: u32) {
+        let Some(tile) = buffer_tile(self.func, b) else {
+            return;
+        };
+        let slots = self.func.scratch[b as usize].slots;
+        let name = self.func.scratch[b as usize].name.clone();
+        let id = self
+            .smem
+            .alloc(name, slot_bytes(&tile).saturating_mul(slots), tile.align());
+        self.shared_bufs.insert(b, id);
+        if self.is_tma_buf(b) {
+            self.tma_alloc(b);
         }
     }
 
     /// Frees the shared buffers whose lifetime ends at `i`.
     pub(super) fn shared_free_after(&mut self, i: InstId) {
+        if self.ws == super::ws::WsMode::Producer {
+            return;
+        }
         let Some(bufs) = self.shared_life.free_after.get(&i).cloned() else {
             return;
         };
         for b in bufs {
+            self.tma_free(b);
             if let Some(id) = self.shared_bufs.remove(&b) {
                 self.smem.free(id);
             }
@@ -210,7 +234,7 @@ impl Lowerer<'_> {
     }
 
     /// The slot's address (`kg_smem` window) and byte range of the whole buffer.
-    fn shared_slot(
+    pub(super) fn shared_slot(
         &mut self,
         buf: u32,
         slot: ValueId,
@@ -253,6 +277,9 @@ impl Lowerer<'_> {
         else {
             return Ok(());
         };
+        if self.is_tma_buf(buf) {
+            return self.lower_tma_fetch(id);
+        }
         let (slot_addr, tile, range) = self.shared_slot(buf, slot, span)?;
         let real = func.scratch[buf as usize].slot_shape.clone();
         let (t, tp) = self.tensor(tensor, span)?;
@@ -702,7 +729,14 @@ impl Lowerer<'_> {
             .first()
             .ok_or_else(|| unsupported(span, "scratch_load without a result"))?;
         let (addr, tile, range) = self.shared_slot(buf, slot, span)?;
-        if self.sync.before_read(range) {
+        if self.is_tma_buf(buf) {
+            let s = self.scalar(slot, span)?;
+            self.tma_wait_slot(buf, s);
+        }
+        if self.ws == super::ws::WsMode::Consumer {
+            // Visible through the slot's `full` phase; released through its `empty` one.
+            self.sync.note_read(range);
+        } else if self.sync.before_read(range) {
             self.emit_bar_sync();
         }
         if self.asg.staged.contains(&res) {

@@ -288,6 +288,8 @@ impl Lowerer<'_> {
         if keep_one {
             self.wgmma_in_flight = true;
         }
+        // Warp specialization: the producer may refill what is read completely.
+        self.ws_release(&[plan.a.buf, plan.b.buf], keep_one, span)?;
         self.bind(res, cur);
         Ok(())
     }

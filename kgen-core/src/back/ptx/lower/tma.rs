@@ -1,0 +1,434 @@
+//! Tile fetches by the Hopper copy engine: `cp.async.bulk.tensor.2d` into the pipeline's
+//! shared ring, completing on one mbarrier per slot.
+//!
+//! Assumes: `back::ptx::tma::plan` chose TMA for every fetch of the kernel (so no
+//! `cp.async` group is ever counted by a wait) and listed the tensor maps in the ABI;
+//! each slot of a ring is fetched into at most once before the slot is read (the
+//! pipeline's contract, checked by the interpreter), and a slot is read by
+//! `scratch_load`s in the order of its fetches.
+//! Guarantees:
+//! - When a ring is allocated, its mbarriers are allocated with it (8 bytes per slot) and
+//!   initialized by thread 0 with an arrival count of 1 (`fence.mbarrier_init` makes them
+//!   visible to the copy engine); the tracker orders every other thread's first use
+//!   after that. When the ring is freed, thread 0 invalidates them after a barrier that
+//!   follows every wait.
+//! - A fetch: after the barrier the tracker asks for (no thread still reads the slot:
+//!   write after read), thread 0 arms the slot's mbarrier with the tile's bytes
+//!   (`mbarrier.arrive.expect_tx`) and issues one box copy per swizzle atom; the engine
+//!   writes `SharedTile::offset`'s layout and zero-fills what lies outside the tensor
+//!   (negative tile indices too: the pipeline's fetches past the loop's end read
+//!   nothing). Every thread flips the slot's bit in the ring's `fetched` register.
+//! - A read of a slot (`scratch_load`): every thread waits on the slot's mbarrier for the
+//!   phase after the ones it already consumed (parity = the slot's bit in `waited`, then
+//!   flipped). The completed phase makes the copy's bytes visible to the waiting thread,
+//!   so no block barrier is needed between a fetch and its reads.
+//! - `scratch_wait(0)` (the pipeline's drain) waits, in every thread, for each slot
+//!   whose fetch was not consumed (`fetched ^ waited`), so no copy is still writing when
+//!   the ring's bytes are reused. Other waits emit nothing: the reads wait per slot.
+
+use super::{Lowerer, R};
+use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
+use crate::back::ptx::swizzle::SharedTile;
+use crate::ir::{InstId, Op};
+
+/// An allocated ring's mbarriers and phase bookkeeping.
+#[derive(Clone, Copy, Debug)]
+pub struct TmaRing {
+    pub mbar: crate::back::ptx::smem::BufId,
+    pub slots: u32,
+    /// Bit s: parity of the fetches into slot s so far.
+    pub fetched: Reg,
+    /// Bit s: parity of the phases of slot s consumed so far.
+    pub waited: Reg,
+    /// Warp specialization (`lower/ws.rs`): the slot the consumers read last iteration
+    /// and have not released yet (-1: none).
+    pub prev: Reg,
+}
+
+impl Lowerer<'_> {
+    /// Whether shared buffer `buf` is filled by TMA.
+    pub(super) fn is_tma_buf(&self, buf: u32) -> bool {
+        self.tma.map_of(buf).is_some()
+    }
+
+    /// Thread 0's predicate (`%tid.x == 0`), made once in the prologue.
+    fn tma_leader(&mut self) -> Reg {
+        if let Some(p) = self.tma_leader {
+            return p;
+        }
+        let tid = self.tid();
+        let p = self.in_prologue(|l| {
+            l.op1(
+                RegClass::Pred,
+                "setp.eq.u32",
+                vec![tid.into(), Operand::Imm(0)],
+            )
+        });
+        self.tma_leader = Some(p);
+        p
+    }
+
+    /// The generic address of tensor map `m` (a kernel parameter), made once.
+    fn tmap_addr(&mut self, m: usize) -> Reg {
+        if let Some(&r) = self.tmap_addrs.get(&m) {
+            return r;
+        }
+        let name = self.tma.maps[m].ptx_name.clone();
+        let r = self.in_prologue(|l| {
+            let p = l.op1(RegClass::B64, "mov.b64", vec![Operand::Sym(name)]);
+            l.op1(RegClass::B64, "cvta.param.u64", vec![p.into()])
+        });
+        self.tmap_addrs.insert(m, r);
+        r
+    }
+
+    /// After ring `buf` is allocated: its mbarriers (module docs).
+    pub(super) fn tma_alloc(&mut self, buf: u32) {
+        let slots = self.func.scratch[buf as usize].slots;
+        let name = format!("{}_mbar", self.func.scratch[buf as usize].name);
+        // `full` barriers at 8 * s; with warp specialization `empty` ones after them.
+        let ws = self.ws == super::ws::WsMode::Consumer;
+        let count = if ws { 2 * slots } else { slots };
+        let mbar = self.smem.alloc(name, count * 8, 8);
+        let range = self.smem.range(mbar);
+        if self.sync.before_write(range) {
+            self.emit_bar_sync();
+        }
+        let leader = self.tma_leader();
+        let base = self.smem_at(self.smem.offset(mbar));
+        let ring_name = &self.func.scratch[buf as usize].name;
+        self.comment(format!("TMA ring `{ring_name}`: {slots} mbarriers"));
+        for s in 0..slots {
+            self.emit_if(
+                Some((leader, false)),
+                "mbarrier.init.shared::cta.b64",
+                vec![
+                    Operand::Mem(Addr::Reg(base), (s * 8) as i64),
+                    Operand::Imm(1),
+                ],
+            );
+        }
+        if ws {
+            // Released by lane 0 of each consumer warp.
+            for s in slots..2 * slots {
+                self.emit_if(
+                    Some((leader, false)),
+                    "mbarrier.init.shared::cta.b64",
+                    vec![
+                        Operand::Mem(Addr::Reg(base), (s * 8) as i64),
+                        Operand::Imm(self.num_warps as i64),
+                    ],
+                );
+            }
+        }
+        self.emit_if(
+            Some((leader, false)),
+            "fence.mbarrier_init.release.cluster",
+            vec![],
+        );
+        let fetched = self.reg(RegClass::B32);
+        let waited = self.reg(RegClass::B32);
+        let prev = self.reg(RegClass::B32);
+        self.mov(fetched, Operand::Imm(0));
+        self.mov(waited, Operand::Imm(0));
+        self.mov(prev, Operand::Imm(-1));
+        if !ws {
+            // Every later use of the mbarriers follows their initialization (with warp
+            // specialization the split's barrier does this for all threads).
+            self.emit_cta_barrier();
+        }
+        self.tma_rings.insert(
+            buf,
+            TmaRing {
+                mbar,
+                slots,
+                fetched,
+                waited,
+                prev,
+            },
+        );
+    }
+
+    /// The address of slot `slot`'s `empty` mbarrier (warp specialization).
+    pub(super) fn empty_mbar(&mut self, ring: &TmaRing, slot: Reg) -> Reg {
+        let base = self.smem_at(self.smem.offset(ring.mbar));
+        let empty = self.op1(
+            RegClass::B32,
+            "add.u32",
+            vec![base.into(), Operand::Imm((ring.slots * 8) as i64)],
+        );
+        self.op1(
+            RegClass::B32,
+            "mad.lo.s32",
+            vec![slot.into(), Operand::Imm(8), empty.into()],
+        )
+    }
+
+    /// Before ring `buf` is freed: its mbarriers invalidated (module docs).
+    pub(super) fn tma_free(&mut self, buf: u32) {
+        let Some(ring) = self.tma_rings.remove(&buf) else {
+            return;
+        };
+        let range = self.smem.range(ring.mbar);
+        if self.sync.before_write(range) {
+            self.emit_bar_sync();
+        }
+        let leader = self.tma_leader();
+        let base = self.smem_at(self.smem.offset(ring.mbar));
+        let count = self.smem.bytes(ring.mbar) / 8;
+        for s in 0..count {
+            self.emit_if(
+                Some((leader, false)),
+                "mbarrier.inval.shared::cta.b64",
+                vec![Operand::Mem(Addr::Reg(base), (s * 8) as i64)],
+            );
+        }
+        self.smem.free(ring.mbar);
+    }
+
+    /// `1 << slot` and the slot's mbarrier address.
+    fn slot_bit_and_mbar(&mut self, ring: &TmaRing, slot: Reg) -> (Reg, Reg) {
+        let base = self.smem_at(self.smem.offset(ring.mbar));
+        let bit = self.op1(RegClass::B32, "shl.b32", vec![Operand::Imm(1), slot.into()]);
+        let mbar = self.op1(
+            RegClass::B32,
+            "mad.lo.s32",
+            vec![slot.into(), Operand::Imm(8), base.into()],
+        );
+        (bit, mbar)
+    }
+
+    /// Spins until the phase of parity `parity` (a `.b32` 0 or 1) of the mbarrier at
+    /// `mbar` has completed.
+    pub(super) fn mbarrier_wait(&mut self, mbar: Reg, parity: Reg) {
+        let top = self.new_label();
+        self.place_label(top);
+        let done = self.op1(
+            RegClass::Pred,
+            "mbarrier.try_wait.parity.shared::cta.b64",
+            vec![Operand::Mem(Addr::Reg(mbar), 0), parity.into()],
+        );
+        self.emit_if(Some((done, true)), "bra", vec![Operand::Label(top)]);
+    }
+
+    /// A TMA fetch (module docs).
+    pub(super) fn lower_tma_fetch(&mut self, id: InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let Op::ScratchFetch {
+            buf,
+            slot,
+            ref index,
+            ..
+        } = inst.op
+        else {
+            return Ok(());
+        };
+        let m = *self
+            .tma
+            .by_buf
+            .get(&buf)
+            .ok_or_else(|| super::unsupported(span, "a TMA fetch without a tensor map"))?;
+        let ring = *self
+            .tma_rings
+            .get(&buf)
+            .ok_or_else(|| super::unsupported(span, "a TMA fetch outside its ring's lifetime"))?;
+        let mode = self.ws;
+        if mode == super::ws::WsMode::Consumer {
+            // The producer copies; the consumers count the fetch (for the drain).
+            let s = self.scalar(slot, span)?;
+            let bit = self.op1(RegClass::B32, "shl.b32", vec![Operand::Imm(1), s.into()]);
+            self.emit(
+                "xor.b32",
+                vec![ring.fetched.into(), ring.fetched.into(), bit.into()],
+            );
+            self.count_fetch();
+            return Ok(());
+        }
+        let (slot_addr, tile, range) = self.shared_slot(buf, slot, span)?;
+        let real = func.scratch[buf as usize].slot_shape.clone();
+        if index.len() != 2 || real.len() != 2 {
+            return Err(super::unsupported(span, "a TMA fetch of a 2-D tile"));
+        }
+        // Write after read: no thread may still read the slot (or any other: the tracker
+        // sees the whole ring). With warp specialization the slot's `empty` mbarrier
+        // says so instead.
+        if mode == super::ws::WsMode::Off && self.sync.before_bulk_write(range) {
+            self.emit_bar_sync();
+        }
+        let mut origin = Vec::with_capacity(2);
+        for d in 0..2 {
+            let idx = self.scalar(index[d], span)?;
+            origin.push(self.op1(
+                RegClass::B32,
+                "mul.lo.s32",
+                vec![idx.into(), Operand::Imm(real[d] as i64)],
+            ));
+        }
+        let s = self.scalar(slot, span)?;
+        let (bit, mbar) = self.slot_bit_and_mbar(&ring, s);
+        let leader = if mode == super::ws::WsMode::Producer {
+            // The slot's previous fill released: parity of this fill's count, flipped
+            // (the first fill's wait passes at once).
+            let empty = self.empty_mbar(&ring, s);
+            let masked = self.op1(
+                RegClass::B32,
+                "and.b32",
+                vec![ring.fetched.into(), bit.into()],
+            );
+            let n = self.op1(RegClass::B32, "shr.u32", vec![masked.into(), s.into()]);
+            let parity = self.op1(RegClass::B32, "xor.b32", vec![n.into(), Operand::Imm(1)]);
+            self.mbarrier_wait(empty, parity);
+            // Only the producer thread runs here: an always-true guard.
+            self.in_prologue(|l| {
+                l.op1(
+                    RegClass::Pred,
+                    "setp.eq.u32",
+                    vec![Operand::Imm(0), Operand::Imm(0)],
+                )
+            })
+        } else {
+            self.tma_leader()
+        };
+        self.emit(
+            "xor.b32",
+            vec![ring.fetched.into(), ring.fetched.into(), bit.into()],
+        );
+        let map = self.tmap_addr(m);
+        self.emit_if(
+            Some((leader, false)),
+            "mbarrier.arrive.expect_tx.shared::cta.b64",
+            vec![
+                Operand::Sym("_".into()),
+                Operand::Mem(Addr::Reg(mbar), 0),
+                Operand::Imm(tile.bytes() as i64),
+            ],
+        );
+        self.tma_boxes(&tile, slot_addr, map, origin[1], origin[0], mbar, leader);
+        self.count_fetch();
+        Ok(())
+    }
+
+    /// One `cp.async.bulk.tensor.2d` per swizzle atom of the slot: atom `a` holds columns
+    /// `a * atom_cols ..` of every row, at `a * atom_bytes`.
+    #[allow(clippy::too_many_arguments)]
+    fn tma_boxes(
+        &mut self,
+        tile: &SharedTile,
+        slot_addr: Reg,
+        map: Reg,
+        col: Reg,
+        row: Reg,
+        mbar: Reg,
+        leader: Reg,
+    ) {
+        let atoms = tile.cols / tile.atom_cols();
+        for a in 0..atoms {
+            let c = if a == 0 {
+                col
+            } else {
+                self.op1(
+                    RegClass::B32,
+                    "add.s32",
+                    vec![col.into(), Operand::Imm((a * tile.atom_cols()) as i64)],
+                )
+            };
+            self.emit_if(
+                Some((leader, false)),
+                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                vec![
+                    Operand::Mem(Addr::Reg(slot_addr), (a * tile.atom_bytes()) as i64),
+                    Operand::TensorCoords(map, vec![c, row]),
+                    Operand::Mem(Addr::Reg(mbar), 0),
+                ],
+            );
+        }
+    }
+
+    /// Before a read of slot `slot` of TMA ring `buf`: wait for its next phase (module
+    /// docs).
+    pub(super) fn tma_wait_slot(&mut self, buf: u32, slot: Reg) {
+        let Some(ring) = self.tma_rings.get(&buf).copied() else {
+            return;
+        };
+        // Initialized before a barrier every thread passed (`tma_alloc`, `ws_split`).
+        let range = self.smem.range(ring.mbar);
+        self.sync.note_read(range);
+        self.tma_last_slot.insert(buf, slot);
+        let (bit, mbar) = self.slot_bit_and_mbar(&ring, slot);
+        let masked = self.op1(
+            RegClass::B32,
+            "and.b32",
+            vec![ring.waited.into(), bit.into()],
+        );
+        let parity = self.op1(RegClass::B32, "shr.u32", vec![masked.into(), slot.into()]);
+        self.mbarrier_wait(mbar, parity);
+        self.emit(
+            "xor.b32",
+            vec![ring.waited.into(), ring.waited.into(), bit.into()],
+        );
+    }
+
+    /// `scratch_wait(0)` on a kernel whose fetches are TMA: every slot with a fetch not
+    /// yet consumed is waited for (module docs).
+    pub(super) fn tma_drain(&mut self) {
+        let mut rings: Vec<(u32, TmaRing)> = self.tma_rings.iter().map(|(&b, &r)| (b, r)).collect();
+        rings.sort_by_key(|(b, _)| *b);
+        for (_, ring) in rings {
+            let range = self.smem.range(ring.mbar);
+            self.sync.note_read(range);
+            let base = self.smem_at(self.smem.offset(ring.mbar));
+            let consumer = self.ws == super::ws::WsMode::Consumer;
+            if consumer {
+                // The last slot read (its group completed at the loop's exit).
+                self.ws_release_prev(&ring);
+            }
+            let open = self.op1(
+                RegClass::B32,
+                "xor.b32",
+                vec![ring.fetched.into(), ring.waited.into()],
+            );
+            for s in 0..ring.slots {
+                let pending = self.op1(
+                    RegClass::B32,
+                    "and.b32",
+                    vec![open.into(), Operand::Imm(1 << s)],
+                );
+                let skip = self.op1(
+                    RegClass::Pred,
+                    "setp.eq.u32",
+                    vec![pending.into(), Operand::Imm(0)],
+                );
+                let done = self.new_label();
+                self.emit_if(Some((skip, false)), "bra.uni", vec![Operand::Label(done)]);
+                let w = self.op1(
+                    RegClass::B32,
+                    "bfe.u32",
+                    vec![ring.waited.into(), Operand::Imm(s as i64), Operand::Imm(1)],
+                );
+                let mbar = self.op1(
+                    RegClass::B32,
+                    "add.u32",
+                    vec![base.into(), Operand::Imm((s * 8) as i64)],
+                );
+                self.mbarrier_wait(mbar, w);
+                // Consumed: every fill is read (or drained) once, so the parities of the
+                // next fills of this ring stay right (a persistent loop refills it).
+                self.emit(
+                    "xor.b32",
+                    vec![ring.waited.into(), ring.waited.into(), Operand::Imm(1 << s)],
+                );
+                if consumer {
+                    let empty = self.op1(
+                        RegClass::B32,
+                        "add.u32",
+                        vec![base.into(), Operand::Imm(((ring.slots + s) * 8) as i64)],
+                    );
+                    self.ws_arrive(empty);
+                }
+                self.place_label(done);
+            }
+        }
+    }
+}

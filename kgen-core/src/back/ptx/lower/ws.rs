@@ -1,0 +1,360 @@
+//! Warp specialization of a TMA-fed kernel: one extra warpgroup whose first thread only
+//! issues the copies, while the kernel's own warps (the consumers) only compute.
+//!
+//! Assumes: `back::ptx::tma::plan` made every fetch a TMA copy, the dots that read the
+//! rings are wgmma dots (`lower/wgmma.rs` releases what they read), the kernel uses no
+//! cluster, and [`Lowerer::ws_split_here`] found the first ring's allocation in the
+//! kernel's top-level block with no shared memory used before it (so the extra warps
+//! have done nothing but uniform scalar work, which is what every thread computes).
+//! Guarantees:
+//! - The block gets 128 more threads (`Lowered::producer_threads`); the consumers keep
+//!   `%tid.x` 0 .. `threads()`, so every layout is unchanged. At the split, after the
+//!   rings and their mbarriers exist and a barrier of all threads has made the
+//!   initialization visible, threads at or above `threads()` branch to the producer
+//!   section, placed after the consumers' `ret`.
+//! - The producer section re-lowers the rest of the top-level block in *producer mode*:
+//!   only the fetches and the scalar arithmetic they need (loop counters, tile indices,
+//!   ring slots, carried scalars), by one thread. Before a copy into a slot it waits
+//!   on the slot's `empty` mbarrier for the consumers' release of the slot's previous
+//!   fill (parity: that fill's count, whose first wait passes at once).
+//! - The consumers lower everything else; a fetch only counts itself (for the drain);
+//!   a read waits on the slot's `full` phase; a wgmma dot releases each slot once its
+//!   group has completed (after `wait_group 0`, or with a lag the previous iteration's
+//!   slot after `wait_group 1`), lane 0 of each consumer warp arriving. Their block
+//!   barriers are named barrier 1 over the consumer threads (the producer never joins
+//!   one after the split).
+
+use super::{Lowerer, R};
+use crate::back::ptx::isa::{Operand, Reg, RegClass};
+use crate::ir::{Block, InstId, Op, ValueId};
+use crate::span::Span;
+
+/// Which part of a warp-specialized kernel is being lowered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WsMode {
+    /// No warp specialization (or not yet at the split).
+    #[default]
+    Off,
+    /// The consumer warps' code (after the split).
+    Consumer,
+    /// The producer thread's code.
+    Producer,
+}
+
+/// Extra threads of a warp-specialized block: one warpgroup.
+pub const PRODUCER_THREADS: u32 = 128;
+
+/// What the producer section needs from the split point.
+#[derive(Clone, Debug)]
+pub struct WsSplit {
+    /// Index of the split in the top-level block.
+    pub at: usize,
+    pub label: u32,
+    pub shared_bufs: std::collections::HashMap<u32, crate::back::ptx::smem::BufId>,
+    pub rings: std::collections::HashMap<u32, super::tma::TmaRing>,
+}
+
+/// Whether `block` (or a region inside it) fetches into a TMA ring of `bufs`.
+fn fetches_in(func: &crate::ir::Function, block: &Block) -> bool {
+    let mut any = false;
+    crate::ir::visit_insts(func, vec![block], |op| {
+        if matches!(op, Op::ScratchFetch { .. }) {
+            any = true;
+        }
+    });
+    any
+}
+
+impl Lowerer<'_> {
+    /// Whether to split here: instruction `k` of `b` allocates the first TMA ring, in
+    /// the kernel's top-level block, with no shared memory used so far.
+    pub(super) fn ws_split_here(&self, i: InstId) -> bool {
+        if !self.ws_allowed || self.ws_split.is_some() || self.ws != WsMode::Off {
+            return false;
+        }
+        if self.fetch_scopes.len() != 1 || self.smem.peak() != 0 {
+            return false;
+        }
+        self.shared_life
+            .alloc_before
+            .get(&i)
+            .is_some_and(|bufs| bufs.iter().any(|&b| self.is_tma_buf(b)))
+    }
+
+    /// Allocates every TMA ring whose life starts in `b` from index `k` on (so all exist
+    /// before the split), then emits the split.
+    pub(super) fn ws_split(&mut self, b: &Block, k: usize) {
+        let later: Vec<InstId> = b.insts[k..].to_vec();
+        let mut moved = Vec::new();
+        for &j in &later {
+            if let Some(bufs) = self.shared_life.alloc_before.get_mut(&j) {
+                let (tma, rest): (Vec<u32>, Vec<u32>) =
+                    bufs.iter().partition(|&&x| self.tma.map_of(x).is_some());
+                *bufs = rest;
+                moved.extend(tma);
+            }
+        }
+        self.ws = WsMode::Consumer;
+        for buf in moved {
+            self.alloc_shared_buf(buf);
+        }
+        // Every thread (producer warps too) sees the mbarriers initialized.
+        self.emit_cta_barrier_all();
+        let tid = self.tid();
+        let consumers = self.threads();
+        let producer = self.op1(
+            RegClass::Pred,
+            "setp.ge.u32",
+            vec![tid.into(), Operand::Imm(consumers as i64)],
+        );
+        let label = self.new_label();
+        self.emit_if(Some((producer, false)), "bra", vec![Operand::Label(label)]);
+        self.ws_split = Some(WsSplit {
+            at: k,
+            label,
+            shared_bufs: self.shared_bufs.clone(),
+            rings: self.tma_rings.clone(),
+        });
+    }
+
+    /// After the consumers' part of the top-level block: their `ret`, then the producer
+    /// section (module docs).
+    pub(super) fn ws_producer(&mut self, b: &Block) -> R<()> {
+        let Some(split) = self.ws_split.clone() else {
+            return Ok(());
+        };
+        self.emit("ret", vec![]);
+        self.place_label(split.label);
+        // One thread issues; the others of the warpgroup are done.
+        let tid = self.tid();
+        let leader = self.op1(
+            RegClass::Pred,
+            "setp.ne.u32",
+            vec![tid.into(), Operand::Imm(self.threads() as i64)],
+        );
+        let exit = self.new_label();
+        self.emit_if(Some((leader, false)), "bra", vec![Operand::Label(exit)]);
+        self.ws = WsMode::Producer;
+        self.shared_bufs = split.shared_bufs;
+        self.tma_rings = split.rings;
+        // Values the consumers bound after the split are recomputed on this path.
+        let mut defined = Vec::new();
+        collect_defs(self.func, &b.insts[split.at..], &mut defined);
+        for v in defined {
+            self.vals.remove(&v);
+            self.deferred.remove(&v);
+        }
+        self.conv_cache = vec![Default::default()];
+        let r = self.producer_insts(&b.insts[split.at..]);
+        self.place_label(exit);
+        self.ws = WsMode::Off;
+        r.map(|_| ())
+    }
+
+    /// Lowers `insts` in producer mode; returns a `Yield`'s values.
+    fn producer_insts(&mut self, insts: &[InstId]) -> R<Option<Vec<ValueId>>> {
+        let func = self.func;
+        for &i in insts {
+            let inst = &func.insts[i];
+            match &inst.op {
+                Op::Yield(vs) => return Ok(Some(vs.clone())),
+                Op::ScratchFetch { buf, .. } if self.is_tma_buf(*buf) => {
+                    self.lower_tma_fetch(i)?;
+                }
+                Op::For { body, .. } if fetches_in(func, body) => self.producer_for(i)?,
+                op if crate::ir::props(op).is_pure()
+                    && inst.results.iter().all(|&r| self.shape(r).is_empty())
+                    && crate::ir::operands(op).iter().all(|&v| self.is_computed(v)) =>
+                {
+                    self.inst(i)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// A `for` loop in producer mode: its scalar carried values only.
+    fn producer_for(&mut self, id: InstId) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let Op::For {
+            lower,
+            upper,
+            step,
+            inits,
+            body,
+        } = &inst.op
+        else {
+            return Ok(());
+        };
+        let (lo, up, st) = (
+            self.scalar(*lower, span)?,
+            self.scalar(*upper, span)?,
+            self.scalar(*step, span)?,
+        );
+        let iv = self.copy(lo);
+        let Some(&iv_arg) = body.args.first() else {
+            return Err(super::unsupported(
+                span,
+                "for loop without an induction variable",
+            ));
+        };
+        self.bind(iv_arg, vec![iv]);
+        // (index among the carried values, register)
+        let mut carried: Vec<(usize, Reg)> = Vec::new();
+        for (k, &init) in inits.iter().enumerate() {
+            let Some(&arg) = body.args.get(k + 1) else {
+                return Err(super::unsupported(span, "loop arity"));
+            };
+            if !self.shape(arg).is_empty() || !self.is_computed(init) {
+                continue;
+            }
+            let r = self.scalar(init, span)?;
+            let fresh = self.copy(r);
+            self.bind(arg, vec![fresh]);
+            carried.push((k, fresh));
+        }
+        let head = self.new_label();
+        let end = self.new_label();
+        self.place_label(head);
+        let p = self.op1(RegClass::Pred, "setp.ge.s32", vec![iv.into(), up.into()]);
+        self.emit_if(Some((p, false)), "bra.uni", vec![Operand::Label(end)]);
+        let yields = self.producer_insts(&body.insts)?.unwrap_or_default();
+        // Parallel move: read every yielded value before writing any carried register.
+        let mut temps = Vec::new();
+        for &(k, _) in &carried {
+            let y = *yields
+                .get(k)
+                .ok_or_else(|| super::unsupported(span, "loop yield arity"))?;
+            let r = self.scalar(y, span)?;
+            temps.push(self.copy(r));
+        }
+        for (&(_, dst), t) in carried.iter().zip(temps) {
+            self.mov(dst, t.into());
+        }
+        self.emit("add.s32", vec![iv.into(), iv.into(), st.into()]);
+        self.emit("bra.uni", vec![Operand::Label(head)]);
+        self.place_label(end);
+        Ok(())
+    }
+
+    /// `bar.sync 0` for every thread of the block, producer warps included.
+    fn emit_cta_barrier_all(&mut self) {
+        self.emit("bar.sync", vec![Operand::Imm(0)]);
+        self.sync.barrier();
+    }
+
+    /// Consumer side of a wgmma dot that read TMA rings `bufs`: release the slots whose
+    /// reads are complete (module docs). `lagged`: the dot left one group in flight.
+    pub(super) fn ws_release(&mut self, bufs: &[u32], lagged: bool, span: Span) -> R<()> {
+        if self.ws != WsMode::Consumer {
+            return Ok(());
+        }
+        let lane0 = self.lane0();
+        for &buf in bufs {
+            let Some(ring) = self.tma_rings.get(&buf).copied() else {
+                continue;
+            };
+            let cur = *self
+                .tma_last_slot
+                .get(&buf)
+                .ok_or_else(|| super::unsupported(span, "a release before a read"))?;
+            if lagged {
+                let valid = self.op1(
+                    RegClass::Pred,
+                    "setp.ge.s32",
+                    vec![ring.prev.into(), Operand::Imm(0)],
+                );
+                let p = self.op1(RegClass::Pred, "and.pred", vec![valid.into(), lane0.into()]);
+                let mbar = self.empty_mbar(&ring, ring.prev);
+                self.emit_if(
+                    Some((p, false)),
+                    "mbarrier.arrive.shared::cta.b64",
+                    vec![
+                        Operand::Sym("_".into()),
+                        Operand::Mem(crate::back::ptx::isa::Addr::Reg(mbar), 0),
+                    ],
+                );
+                self.mov(ring.prev, cur.into());
+            } else {
+                let mbar = self.empty_mbar(&ring, cur);
+                self.emit_if(
+                    Some((lane0, false)),
+                    "mbarrier.arrive.shared::cta.b64",
+                    vec![
+                        Operand::Sym("_".into()),
+                        Operand::Mem(crate::back::ptx::isa::Addr::Reg(mbar), 0),
+                    ],
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases the slot a lagged dot left unreleased (`prev`), if any: at a drain.
+    pub(super) fn ws_release_prev(&mut self, ring: &super::tma::TmaRing) {
+        let lane0 = self.lane0();
+        let valid = self.op1(
+            RegClass::Pred,
+            "setp.ge.s32",
+            vec![ring.prev.into(), Operand::Imm(0)],
+        );
+        let p = self.op1(RegClass::Pred, "and.pred", vec![valid.into(), lane0.into()]);
+        let mbar = self.empty_mbar(ring, ring.prev);
+        self.emit_if(
+            Some((p, false)),
+            "mbarrier.arrive.shared::cta.b64",
+            vec![
+                Operand::Sym("_".into()),
+                Operand::Mem(crate::back::ptx::isa::Addr::Reg(mbar), 0),
+            ],
+        );
+        self.mov(ring.prev, Operand::Imm(-1));
+    }
+
+    /// Lane 0 of each consumer warp arrives on the `empty` mbarrier at `mbar`.
+    pub(super) fn ws_arrive(&mut self, mbar: Reg) {
+        let lane0 = self.lane0();
+        self.emit_if(
+            Some((lane0, false)),
+            "mbarrier.arrive.shared::cta.b64",
+            vec![
+                Operand::Sym("_".into()),
+                Operand::Mem(crate::back::ptx::isa::Addr::Reg(mbar), 0),
+            ],
+        );
+    }
+
+    /// Lane 0 of each warp (`(%tid.x & 31) == 0`), made once in the prologue.
+    fn lane0(&mut self) -> Reg {
+        if let Some(p) = self.ws_lane0 {
+            return p;
+        }
+        let tid = self.tid();
+        let p = self.in_prologue(|l| {
+            let lane = l.op1(RegClass::B32, "and.b32", vec![tid.into(), Operand::Imm(31)]);
+            l.op1(
+                RegClass::Pred,
+                "setp.eq.u32",
+                vec![lane.into(), Operand::Imm(0)],
+            )
+        });
+        self.ws_lane0 = Some(p);
+        p
+    }
+}
+
+/// Every value defined by `insts` and the regions inside them (results and block
+/// arguments).
+fn collect_defs(func: &crate::ir::Function, insts: &[InstId], out: &mut Vec<ValueId>) {
+    for &i in insts {
+        let inst = &func.insts[i];
+        out.extend(inst.results.iter().copied());
+        for r in crate::ir::regions(&inst.op) {
+            out.extend(r.args.iter().copied());
+            collect_defs(func, &r.insts, out);
+        }
+    }
+}

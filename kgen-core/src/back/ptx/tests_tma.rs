@@ -1,0 +1,227 @@
+//! TMA fetches: which kernels get them (`tma::plan`), the copy engine's swizzle against
+//! the layout every other reader and writer uses (`SharedTile::offset`), and the PTX of a
+//! pipelined GEMM on sm_90a (mbarriers, one box per swizzle atom, parity waits, the
+//! drain), assembled by ptxas.
+
+use super::swizzle::{SharedTile, Swizzle};
+use super::tests::assemble;
+use crate::{compile, Arch, CompileOptions, SourceFile};
+
+/// Where the copy engine puts element `(r, c)` of a box of `rows` rows whose inner
+/// extent is one swizzle span, written in the terms of the CUDA programming guide's
+/// TMA swizzle tables (not through `Swizzle::apply`): a row is `span` bytes; its 16-byte
+/// chunk `j` is stored at chunk `j ^ p(r)`, where the pattern `p` repeats every 1024 /
+/// 512 / 256 bytes: `r mod 8` for 128 B, `(r / 2) mod 4` for 64 B, `(r / 4) mod 2` for
+/// 32 B.
+fn tma_box_offset(swizzle: Swizzle, elem: u32, r: u32, c: u32) -> u32 {
+    let span = swizzle.bytes();
+    let byte = c * elem;
+    let (chunk, within) = (byte / 16, byte % 16);
+    let p = match swizzle {
+        Swizzle::B128 => r % 8,
+        Swizzle::B64 => (r / 2) % 4,
+        Swizzle::B32 => (r / 4) % 2,
+        Swizzle::None => 0,
+    };
+    r * span + (chunk ^ p) * 16 + within
+}
+
+#[test]
+fn the_copy_engine_writes_the_layout_ldmatrix_and_wgmma_read() {
+    // A slot is copied as one box per atom, atom `a` at `a * atom_bytes`: element
+    // (r, c) of the tile is element (r, c mod atom_cols) of box c / atom_cols.
+    for elem in [2u32, 4] {
+        for rows in [8u32, 64, 128, 256] {
+            for cols in [16u32, 32, 64, 128, 256] {
+                let tile = SharedTile::new(rows, cols, elem);
+                if tile.swizzle == Swizzle::None {
+                    continue;
+                }
+                let ac = tile.atom_cols();
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let tma = (c / ac) * tile.atom_bytes()
+                            + tma_box_offset(tile.swizzle, elem, r, c % ac);
+                        assert_eq!(tma, tile.offset(r, c), "{tile:?} ({r}, {c})");
+                    }
+                }
+            }
+        }
+    }
+}
+
+const GEMM: &str = r#"
+kernel mm<BM: int = 128, BN: int = 256, BK: int = 64>(
+    a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: tensor<bf16, 2, contiguous>,
+) {
+    let mut acc = zeros([BM, BN], f32);
+    for k in 0..cdiv(shape(a, 1), BK) {
+        acc = dot(load(a, [bid(0), k], [BM, BK]), load(b, [k, bid(1)], [BK, BN]), acc);
+    }
+    store(c, [bid(0), bid(1)], acc as bf16);
+}
+"#;
+
+fn gemm(arch: Arch, tweak: impl Fn(&mut CompileOptions)) -> crate::CompiledKernel {
+    let file = SourceFile::new("mm.kg", GEMM);
+    let mut o = CompileOptions::new(arch);
+    o.num_warps = Some(8);
+    o.num_stages = Some(4);
+    tweak(&mut o);
+    compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)))
+}
+
+#[test]
+fn a_pipelined_gemm_on_sm90a_fetches_by_tma_with_one_map_per_operand() {
+    let k = gemm(Arch::Sm90a, |_| {});
+    let maps: Vec<_> = k
+        .abi
+        .params
+        .iter()
+        .filter_map(|p| match &p.slot {
+            crate::abi::AbiSlot::TensorMap { param, map } => Some((*param, *map, p.ptx_type)),
+            _ => None,
+        })
+        .collect();
+    // a: a [128, 64] tile, 128-byte rows: one 64 x 128 box. b: a [64, 256] tile: four
+    // boxes of the 64 columns of one atom by 64 rows.
+    assert_eq!(maps.len(), 2, "{maps:?}");
+    assert_eq!(
+        (maps[0].0, maps[0].1.box_dims, maps[0].1.swizzle),
+        (0, [64, 128], 3)
+    );
+    assert_eq!(
+        (maps[1].0, maps[1].1.box_dims, maps[1].1.swizzle),
+        (1, [64, 64], 3)
+    );
+    assert!(maps.iter().all(|m| m.2 == "tmap"));
+    let ptx = &k.ptx;
+    assert!(ptx.contains(".param .align 64 .b8 p_a_tmap0[128]"), "{ptx}");
+    assert!(ptx.contains("cvta.param.u64"), "{ptx}");
+    // No cp.async at all; 4 slots per ring, each with an mbarrier.
+    assert!(!ptx.contains("cp.async.cg") && !ptx.contains("cp.async.wait_group"));
+    assert_eq!(
+        ptx.matches("mbarrier.init.shared::cta.b64").count(),
+        8,
+        "{ptx}"
+    );
+    assert_eq!(
+        ptx.matches("mbarrier.inval.shared::cta.b64").count(),
+        8,
+        "{ptx}"
+    );
+    // Each fetch: one expect_tx of the whole tile, one copy per atom (a 1, b 4), all by
+    // thread 0. The prologue fetches 2 stages (wgmma's lag), the loop 1.
+    let expects: Vec<&str> = ptx
+        .lines()
+        .filter(|l| l.contains("mbarrier.arrive.expect_tx"))
+        .collect();
+    assert_eq!(expects.len(), 6, "{ptx}");
+    assert_eq!(
+        expects.iter().filter(|l| l.ends_with(", 16384;")).count(),
+        3
+    );
+    assert_eq!(
+        expects.iter().filter(|l| l.ends_with(", 32768;")).count(),
+        3
+    );
+    let copies: Vec<&str> = ptx
+        .lines()
+        .filter(|l| l.contains("cp.async.bulk.tensor.2d"))
+        .collect();
+    assert_eq!(copies.len(), 3 * 5, "{ptx}");
+    assert!(copies
+        .iter()
+        .chain(&expects)
+        .all(|l| l.trim_start().starts_with('@')));
+    // Reads wait on their slot's phase; no block barrier sits between a fetch and its
+    // reads: one barrier per iteration, the write-after-read one before the copies.
+    assert!(
+        ptx.contains("mbarrier.try_wait.parity.shared::cta.b64"),
+        "{ptx}"
+    );
+    let body = ptx
+        .split("$L1:")
+        .nth(1)
+        .and_then(|s| s.split("$L2:").next());
+    let body = body.expect("the K loop");
+    assert_eq!(body.matches("bar.sync").count(), 1, "{body}");
+    let bar = body.find("bar.sync").unwrap_or(0);
+    let copy = body.find("cp.async.bulk.tensor").unwrap_or(0);
+    let wait = body.find("mbarrier.try_wait").unwrap_or(0);
+    assert!(bar < copy && copy < wait, "{body}");
+    if let Some(log) = assemble(ptx, "sm_90a", "tma_gemm") {
+        assert!(log.contains("0 bytes spill stores"), "{log}");
+    }
+}
+
+#[test]
+fn tma_is_used_only_where_every_fetch_can_use_it() {
+    // sm_80 has no copy engine; `no_tma` keeps cp.async; so does an operand whose
+    // alignment TMA cannot take (8 bytes).
+    for k in [
+        gemm(Arch::Sm80, |o| o.num_stages = Some(3)),
+        gemm(Arch::Sm90a, |o| o.no_tma = true),
+        gemm(Arch::Sm90a, |o| o.tensor_align = vec![("b".into(), 8)]),
+    ] {
+        assert!(!k.ptx.contains("cp.async.bulk"), "{}", k.entry);
+        assert!(k.ptx.contains("cp.async.c"), "{}", k.entry);
+        assert!(!k.abi.params.iter().any(|p| p.ptx_type == "tmap"));
+    }
+    assert!(gemm(Arch::Sm90a, |o| o.no_tma = true)
+        .entry
+        .ends_with("__notma"));
+}
+
+/// The persistent form: one block walks tiles `bid(0), bid(0) + num_bids(0), ...`.
+const PERSISTENT: &str = r#"
+kernel pmm<BM: int = 128, BN: int = 256, BK: int = 64>(
+    a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: tensor<bf16, 2, contiguous>,
+) {
+    let tiles_n = cdiv(shape(c, 1), BN);
+    let tiles = cdiv(shape(c, 0), BM) * tiles_n;
+    for i in 0..cdiv(tiles - bid(0), num_bids(0)) {
+        let t = bid(0) + i * num_bids(0);
+        let mut acc = zeros([BM, BN], f32);
+        for k in 0..cdiv(shape(a, 1), BK) {
+            acc = dot(load(a, [t / tiles_n, k], [BM, BK]), load(b, [k, t % tiles_n], [BK, BN]), acc);
+        }
+        store(c, [t / tiles_n, t % tiles_n], acc as bf16);
+    }
+}
+"#;
+
+#[test]
+fn warp_specialization_adds_a_producer_warpgroup_that_alone_copies() {
+    for (src, stages) in [(GEMM, 4), (PERSISTENT, 3)] {
+        let file = SourceFile::new("ws.kg", src);
+        let mut o = CompileOptions::new(Arch::Sm90a);
+        o.num_warps = Some(8);
+        o.num_stages = Some(stages);
+        o.ws = true;
+        let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+        let ptx = &k.ptx;
+        assert_eq!(k.launch.threads_per_block, 384, "{}", k.entry);
+        assert!(ptx.contains(".maxntid 384, 1, 1"));
+        assert!(k.entry.ends_with("__ws"));
+        // Threads 256.. branch to the producer section after the consumers' `ret`; one
+        // of them issues. Every copy sits there, after a wait on the slot's `empty`.
+        let (consumers, producer) = ptx.split_once("\tret;\n").expect("two sections");
+        assert!(consumers.contains("setp.ge.u32") && consumers.contains("bar.sync 0;"));
+        assert!(!consumers.contains("cp.async.bulk"), "{}", k.entry);
+        assert!(producer.contains("setp.ne.u32") && producer.contains(", 256;"));
+        assert!(producer.contains("cp.async.bulk.tensor.2d"));
+        let first_copy = producer.find("cp.async.bulk").unwrap_or(0);
+        let first_wait = producer.find("mbarrier.try_wait").unwrap_or(usize::MAX);
+        assert!(first_wait < first_copy, "{producer}");
+        // The consumers release slots; their barriers are named barrier 1 of 256 threads.
+        assert!(consumers.contains("mbarrier.arrive.shared::cta.b64"));
+        assert!(consumers.contains("bar.sync 1, 256;"));
+        assert_eq!(consumers.matches("bar.sync 0;").count(), 1, "{}", k.entry);
+        // `empty` barriers count the 8 consumer warps.
+        assert!(ptx.contains("], 8;"), "{ptx}");
+        if let Some(log) = assemble(ptx, "sm_90a", "ws_gemm") {
+            assert!(log.contains("0 bytes spill stores"), "{log}");
+        }
+    }
+}
