@@ -222,6 +222,8 @@ pub enum Family {
     BarrierCluster,
     Fence,
     Griddepcontrol,
+    /// `setmaxnreg.{inc,dec}`: a warpgroup's register budget changes.
+    Setmaxnreg,
     // Control.
     Bra,
     Ret,
@@ -347,6 +349,7 @@ impl Family {
             "bar" | "barrier" => Family::Bar,
             "fence" | "membar" => Family::Fence,
             "griddepcontrol" => Family::Griddepcontrol,
+            "setmaxnreg" => Family::Setmaxnreg,
             "bra" => Family::Bra,
             "ret" | "exit" => Family::Ret,
             "trap" => Family::Trap,
@@ -383,7 +386,7 @@ impl Family {
                 ..e
             },
             WgmmaSync | CpAsyncCommit | CpAsyncWait | Bar | BarRed | BarrierCluster | Fence
-            | Griddepcontrol | Mbarrier => Effects {
+            | Griddepcontrol | Mbarrier | Setmaxnreg => Effects {
                 syncs: true,
                 reads_memory: true,
                 writes_memory: true,
@@ -398,9 +401,8 @@ impl Family {
         use Family::*;
         match self {
             St(_) | Red(_) | CpAsync | CpAsyncBulk | CpAsyncCommit | CpAsyncWait | Stmatrix
-            | Bar | BarrierCluster | Fence | Griddepcontrol | Bra | Ret | Trap | WgmmaSync => {
-                Roles::AllUses
-            }
+            | Bar | BarrierCluster | Fence | Griddepcontrol | Setmaxnreg | Bra | Ret | Trap
+            | WgmmaSync => Roles::AllUses,
             Wgmma => Roles::DefUseFirst,
             // An unknown instruction is assumed to read everything it names; what it
             // defines is unknown, so it defines nothing a pass could miss (it is never

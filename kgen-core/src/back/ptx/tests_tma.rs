@@ -218,6 +218,9 @@ fn warp_specialization_adds_a_producer_warpgroup_that_alone_copies() {
         assert!(consumers.contains("mbarrier.arrive.shared::cta.b64"));
         assert!(consumers.contains("bar.sync 1, 256;"));
         assert_eq!(consumers.matches("bar.sync 0;").count(), 1, "{}", k.entry);
+        // Registers move from the producer warpgroup to the consumers.
+        assert!(consumers.contains("setmaxnreg.inc.sync.aligned.u32 232;"));
+        assert!(producer.contains("setmaxnreg.dec.sync.aligned.u32 40;"));
         // `empty` barriers count the 8 consumer warps.
         assert!(ptx.contains("], 8;"), "{ptx}");
         if let Some(log) = assemble(ptx, "sm_90a", "ws_gemm") {

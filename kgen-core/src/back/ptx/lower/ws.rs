@@ -23,6 +23,10 @@
 //!   slot after `wait_group 1`), lane 0 of each consumer warp arriving. Their block
 //!   barriers are named barrier 1 over the consumer threads (the producer never joins
 //!   one after the split).
+//! - Registers: the producer warpgroup gives registers back (`setmaxnreg.dec` to
+//!   [`PRODUCER_REGS`]) and the consumers take them (`setmaxnreg.inc` to
+//!   [`CONSUMER_REGS`]), only for a block of 2 consumer warpgroups, whose total then
+//!   fits the SM's register file.
 
 use super::{Lowerer, R};
 use crate::back::ptx::isa::{Operand, Reg, RegClass};
@@ -43,6 +47,13 @@ pub enum WsMode {
 
 /// Extra threads of a warp-specialized block: one warpgroup.
 pub const PRODUCER_THREADS: u32 = 128;
+
+/// Registers per thread after `setmaxnreg`: the producer keeps a few (it holds loop
+/// counters and addresses), the consumers take the rest. 2 consumer warpgroups × 128 ×
+/// 232 + 128 × 40 = 64,512 of the SM's 65,536 (ThunderKittens' split; a multiple of 8
+/// from 24 to 256, as `setmaxnreg` requires).
+pub const PRODUCER_REGS: u32 = 40;
+pub const CONSUMER_REGS: u32 = 232;
 
 /// What the producer section needs from the split point.
 #[derive(Clone, Debug)]
@@ -109,6 +120,13 @@ impl Lowerer<'_> {
         );
         let label = self.new_label();
         self.emit_if(Some((producer, false)), "bra", vec![Operand::Label(label)]);
+        // The consumers take the registers the producer gives back.
+        if self.threads() <= 256 {
+            self.emit(
+                "setmaxnreg.inc.sync.aligned.u32",
+                vec![Operand::Imm(CONSUMER_REGS as i64)],
+            );
+        }
         self.ws_split = Some(WsSplit {
             at: k,
             label,
@@ -125,6 +143,12 @@ impl Lowerer<'_> {
         };
         self.emit("ret", vec![]);
         self.place_label(split.label);
+        if self.threads() <= 256 {
+            self.emit(
+                "setmaxnreg.dec.sync.aligned.u32",
+                vec![Operand::Imm(PRODUCER_REGS as i64)],
+            );
+        }
         // One thread issues; the others of the warpgroup are done.
         let tid = self.tid();
         let leader = self.op1(
