@@ -51,6 +51,7 @@
 //! buffers exceed the target's shared memory is a located `TargetLimit` diagnostic; the
 //! default (3) is lowered until they fit.
 
+use crate::back::ptx::mma_layout::MmaKind;
 use crate::diag::{Diagnostic, Diagnostics, ErrorCode};
 use crate::ir::{
     props, BinaryOp, Block, Builder, CmpOp, Function, InstId, Op, OpClass, ScratchBuf, ValueId,
@@ -190,7 +191,7 @@ pub fn mma_dot(func: &Function, a: ValueId, b: ValueId, acc: ValueId, num_warps:
     }
     let (m, k, n) = (sa[0], sa[1], sb[1]);
     let grid = crate::back::ptx::mma_layout::warp_grid(m, n, num_warps);
-    crate::back::ptx::mma_layout::mma_shape_ok(m, n, k, grid)
+    crate::back::ptx::mma_layout::mma_shape_ok(m, n, k, grid, MmaKind::F16)
 }
 
 /// The instructions to put before and after a pipelined loop.
