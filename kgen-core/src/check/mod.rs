@@ -209,18 +209,23 @@ pub fn lower_kernel(
 /// The deepest software pipeline `--stages` may ask for.
 pub const MAX_STAGES: u32 = 8;
 
-/// The largest accumulator of a `dot` with f16/bf16 operands and an f32 accumulator
-/// (the tensor-core kind) in `block` and its regions, in elements; 0 when there is none.
+/// The largest accumulator of a `dot` of the tensor-core kind (f16/bf16 operands, or f32
+/// operands with a TF32 `input_precision`, and an f32 accumulator) in `block` and its
+/// regions, in elements; 0 when there is none.
 fn mma_acc_elems(func: &Function, block: &crate::ir::Block) -> u64 {
     let mut best = 0u64;
     crate::ir::visit_insts(func, vec![block], |op| {
-        if let crate::ir::Op::Dot { a, acc, .. } = op {
-            let half = matches!(
-                func.value_type(*a).dtype(),
-                crate::types::DType::F16 | crate::types::DType::BF16
-            );
+        if let crate::ir::Op::Dot {
+            a, acc, precision, ..
+        } = op
+        {
+            let tensor_cores = match func.value_type(*a).dtype() {
+                crate::types::DType::F16 | crate::types::DType::BF16 => true,
+                crate::types::DType::F32 => precision.is_tf32(),
+                _ => false,
+            };
             let ty = func.value_type(*acc);
-            if half && ty.dtype() == crate::types::DType::F32 {
+            if tensor_cores && ty.dtype() == crate::types::DType::F32 {
                 let n = crate::ir::shape_of(ty)
                     .iter()
                     .map(|&d| d as u64)

@@ -39,6 +39,8 @@ mod tests_rounding;
 mod tests_scan;
 #[cfg(test)]
 mod tests_scratch;
+#[cfg(test)]
+mod tests_tf32;
 
 use crate::abi::{
     AbiParam, AbiSlot, CompiledKernel, KernelAbi, LaunchHints, SourceParam, Specialization,
