@@ -8,11 +8,13 @@
 //! Guarantees: per k-step `s`, each m-tile's four A registers hold `a[i]` = element
 //! `(mi·16 + g + 8·(i & 1), s·8 + t + 4·(i >> 1))` of the warp's part and each n-tile's two
 //! B registers `b[i]` = element `(s·8 + t + 4·i, ni·8 + g)` (PTX ISA, "Matrix Fragments
-//! for mma.m16n8k8", `.tf32`; `g = lane >> 2`, `t = lane % 4`), each rounded by
+//! for mma.m16n8k8", `.tf32`; `g = lane >> 2`, `t = lane % 4`), as loaded by
+//! `tf32_fragments`, then each rounded by `tf32_round_fragments` with
 //! `cvt.rna.tf32.f32` (to nearest, ties away from zero: `interp::round_tf32`, so the
-//! interpreter rounds as the GPU does; the tensor cores would otherwise ignore the low 13
-//! bits, a truncation). For `tf32x3` the fragments are the `hi` parts and the `lo` parts
-//! `cvt.rna.tf32.f32(x - hi)` come beside them (`interp::split_tf32`).
+//! interpreter rounds as the GPU does; raw f32 bits would leave the rounding to the
+//! tensor cores, which the ISA does not pin down). For `tf32x3` the fragments are the
+//! `hi` parts and the `lo` parts `cvt.rna.tf32.f32(x - hi)` come beside them
+//! (`interp::split_tf32`).
 //!
 //! Where the fragments come from:
 //! - a staged tile whose contiguous dimension is K (A stored `[M, K]`, B stored `[N, K]`:
