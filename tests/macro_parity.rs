@@ -620,3 +620,42 @@ fn scans_match_kg() {
         ast_without_spans("kg", SCANS_KG)
     );
 }
+
+/// `dot`'s input precision is a name in both front ends (`input_precision = tf32`).
+#[kgen::kernel]
+fn tf32_product<const BM: i32 = 32, const BN: i32 = 32, const BK: i32 = 16>(
+    a: Tensor<f32, 2, Contiguous>,
+    b: Tensor<f32, 2, Contiguous>,
+    c: Tensor<f32, 2, Contiguous>,
+) {
+    let mut acc = zeros([BM, BN], f32);
+    for k in 0..cdiv(shape(a, 1), BK) {
+        let ta = load(a, [bid(0), k], [BM, BK]);
+        let tb = load(b, [k, bid(1)], [BK, BN]);
+        acc = dot(ta, tb, acc, input_precision = tf32);
+    }
+    store(c, [bid(0), bid(1)], acc);
+}
+
+const TF32_PRODUCT_KG: &str = "
+kernel tf32_product<BM: int = 32, BN: int = 32, BK: int = 16>(
+    a: tensor<f32, 2, contiguous>, b: tensor<f32, 2, contiguous>, c: tensor<f32, 2, contiguous>,
+) {
+    let mut acc = zeros([BM, BN], f32);
+    for k in 0..cdiv(shape(a, 1), BK) {
+        let ta = load(a, [bid(0), k], [BM, BK]);
+        let tb = load(b, [k, bid(1)], [BK, BN]);
+        acc = dot(ta, tb, acc, input_precision = tf32);
+    }
+    store(c, [bid(0), bid(1)], acc);
+}
+";
+
+#[test]
+fn the_input_precision_of_dot_is_a_name_in_both_front_ends() {
+    assert_macro_matches_kg(
+        TF32_PRODUCT_KG,
+        tf32_product::ptx,
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+    );
+}

@@ -70,6 +70,51 @@ fn bundled_kernels_ir_snapshots() {
     }
 }
 
+/// The TF32 `dot` user kernels (`tests/user_kernels/`, which `tools/run-doc-examples.py`
+/// also runs on a GPU against the interpreter): a GEMM on `mma.sync.m16n8k8.tf32` with
+/// both operands staged (A by ldmatrix, B element by element), its `tf32x3` form with
+/// both stored transposed (A element by element, B by ldmatrix), and a product of
+/// register operands. PTX snapshots per target for the two GEMMs; all three assembled by
+/// the real ptxas with zero spills and zero stack.
+#[test]
+fn tf32_user_kernels_ptx_snapshots_and_ptxas() {
+    let ptxas = common::ptxas();
+    let mut failures = Vec::new();
+    for (stem, snapshot) in [
+        ("gemm_tf32", true),
+        ("gemm_tf32x3_transposed", true),
+        ("dot_tf32_registers", false),
+    ] {
+        let path = common::repo_root().join(format!("tests/user_kernels/{stem}.kg"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = SourceFile::new(format!("tests/user_kernels/{stem}.kg"), text);
+        for arch in Arch::ALL {
+            let compiled = compile(&file, &CompileOptions::new(arch))
+                .unwrap_or_else(|d| panic!("{}", d.render(&file)));
+            assert!(
+                compiled
+                    .ptx
+                    .contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
+                "{stem} {arch}: not on the tf32 tensor cores"
+            );
+            if snapshot {
+                insta::assert_snapshot!(format!("ptx_user_{stem}_{arch}"), compiled.ptx);
+            }
+            if let Some(ptxas) = &ptxas {
+                match common::assemble(ptxas, &compiled.ptx, arch.name(), stem) {
+                    Ok(r) => {
+                        if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 {
+                            failures.push(format!("{stem} {arch}: local memory used:\n{}", r.raw));
+                        }
+                    }
+                    Err(e) => failures.push(format!("{stem} {arch}: ptxas rejected the PTX:\n{e}")),
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 /// The language cases' kernels (`src/cases/lang.kg`: erf, powers, maximum, typed
 /// constants, ...), with every case's specialization, assemble for both targets with
 /// zero spills and zero stack.

@@ -24,10 +24,24 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             (100, 257, 1000, F32, false, true),
         ]);
     }
-    table
+    let mut out: Vec<Case> = table
         .into_iter()
         .map(|(m, k, n, dt, ta, tb)| case(seed, dt, m, k, n, ta, tb))
-        .collect()
+        .collect();
+    // f32 on the TF32 tensor cores (`TF32=true`), plain and transposed operands.
+    let mut tf32 = vec![
+        (1, 1, 1, false, false),
+        (40, 50, 70, false, false),
+        (33, 17, 65, true, true),
+    ];
+    if sizes == SizeSet::Full {
+        tf32.push((257, 300, 129, false, true));
+    }
+    out.extend(
+        tf32.into_iter()
+            .map(|(m, k, n, ta, tb)| case_tf32(seed, m, k, n, ta, tb)),
+    );
+    out
 }
 
 /// A random `[rows, cols]` operand; when `transposed`, it is stored as `[cols, rows]`
@@ -80,6 +94,25 @@ pub fn case(seed: u64, dtype: DType, m: usize, k: usize, n: usize, a_t: bool, b_
             },
         ),
     }
+}
+
+/// One f32 `matmul` case with `TF32=true`: the same kernel with its `dot` on the TF32
+/// tensor cores.
+///
+/// Tolerance: each operand is rounded to 11 significant bits (relative error ≤ 2⁻¹¹), so
+/// each product is off by at most about 2⁻¹⁰ of itself, with independent signs. For
+/// normal-ish operands (|a·b| about 1) the sum of k such errors stays, with a wide
+/// margin (six standard deviations), within 6 · 2⁻¹⁰ · √k; the f32 summation adds the
+/// usual few ulp of the running sum.
+pub fn case_tf32(seed: u64, m: usize, k: usize, n: usize, a_t: bool, b_t: bool) -> Case {
+    let mut c = case(seed, DType::F32, m, k, n, a_t, b_t);
+    c.label = format!("{} TF32", c.label);
+    c.defines.push(("TF32".to_string(), "true".to_string()));
+    c.tolerance = Tolerance {
+        rel: 1e-5,
+        abs: 6.0 * 2f64.powi(-10) * (k as f64).sqrt() + 4e-7 * (k as f64).max(1.0),
+    };
+    c
 }
 
 /// Row-major [m, n] = [m, k] @ [k, n] in f64.

@@ -14,7 +14,7 @@
 use super::{Checker, Ev};
 use crate::diag::{Diagnostic, ErrorCode};
 use crate::front::ast;
-use crate::ir::{Eviction, Op, ReduceOp};
+use crate::ir::{Eviction, InputPrecision, Op, ReduceOp};
 use crate::span::Span;
 use crate::types::{DType, Shape, ValueType, MAX_CLUSTER_SIZE, MAX_TILE_ELEMENTS};
 
@@ -125,7 +125,7 @@ const BUILTINS: &[Builtin] = &[
         &["mask", "eviction_policy"],
     ),
     b("atomic_add", &["tensor", "offsets", "value"], 3, &["mask"]),
-    b("dot", &["a", "b", "acc"], 3, &[]),
+    b("dot", &["a", "b", "acc"], 3, &[PRECISION_KW]),
     b("cluster_gather", &["x", "size"], 2, &[]),
     b("scratch", &["slots", "shape", "dtype"], 3, &[]),
     b("scratch_store", &["buffer", "slot", "value"], 3, &[]),
@@ -151,6 +151,9 @@ const BUILTINS: &[Builtin] = &[
 /// The keyword of a load's or store's L2 eviction policy (Triton's spelling).
 const EVICTION_KW: &str = "eviction_policy";
 
+/// The keyword of `dot`'s input precision (Triton's spelling).
+pub(crate) const PRECISION_KW: &str = "input_precision";
+
 /// "1 block", "4 blocks".
 fn blocks(n: u32) -> String {
     if n == 1 {
@@ -173,6 +176,8 @@ pub(crate) struct Args {
     pub eviction: Eviction,
     /// `combine = add` of `scan` (a name too; see `scan.rs`).
     pub combine: Option<crate::ir::ScanOp>,
+    /// `input_precision = tf32` of `dot` (a name too), with the span of its value.
+    pub precision: Option<(InputPrecision, Span)>,
     /// The span of the whole call (for arguments that are absent).
     pub span: Span,
 }
@@ -224,6 +229,7 @@ impl Checker<'_> {
         let mut ok = true;
         let mut eviction: Option<Eviction> = None;
         let mut combine = None;
+        let mut precision: Option<(InputPrecision, Span)> = None;
         for a in args {
             if let Some(k) = &a.name {
                 if k.name == super::scan::COMBINE_KW && sig.keywords.contains(&k.name.as_str()) {
@@ -237,6 +243,21 @@ impl Checker<'_> {
                     }
                     match self.scan_combine(&a.value) {
                         Some(c) => combine = Some(c),
+                        None => ok = false,
+                    }
+                    continue;
+                }
+                if k.name == PRECISION_KW && sig.keywords.contains(&PRECISION_KW) {
+                    if precision.is_some() {
+                        self.error(
+                            ErrorCode::BadArguments,
+                            k.span,
+                            format!("argument `{PRECISION_KW}` given twice"),
+                        );
+                        ok = false;
+                    }
+                    match self.input_precision(&a.value) {
+                        Some(p) => precision = Some((p, a.value.span)),
                         None => ok = false,
                     }
                     continue;
@@ -361,6 +382,7 @@ impl Checker<'_> {
             kw,
             eviction: eviction.unwrap_or_default(),
             combine,
+            precision,
             span,
         };
         self.builtin(name, &a, span)
@@ -450,6 +472,43 @@ impl Checker<'_> {
             format!("`{EVICTION_KW}` must name a policy, not {what}"),
         )
         .with_note(format!("the policies are: {}", names.join(", ")));
+        if let Some(s) = super::scope::closest(given, &names) {
+            d = d.with_note(format!("help: did you mean `{s}`?"));
+        }
+        self.push(d);
+        None
+    }
+
+    /// The precision an `input_precision = ...` argument names: one of the names of
+    /// [`InputPrecision`], written bare (like a dtype), not an expression.
+    fn input_precision(&mut self, value: &ast::Expr) -> Option<InputPrecision> {
+        let names: Vec<String> = InputPrecision::ALL
+            .iter()
+            .map(|p| p.name().to_string())
+            .collect();
+        let given = match &value.kind {
+            ast::ExprKind::Name(id) => id.name.as_str(),
+            _ => "",
+        };
+        if let Some(p) = InputPrecision::from_name(given) {
+            return Some(p);
+        }
+        let what = if given.is_empty() {
+            "an expression".to_string()
+        } else {
+            format!("`{given}`")
+        };
+        let mut d = Diagnostic::error(
+            ErrorCode::BadArguments,
+            value.span,
+            format!("`{PRECISION_KW}` must name a precision, not {what}"),
+        )
+        .with_label_message("not a precision")
+        .with_note(format!("the precisions are: {}", names.join(", ")))
+        .with_note(
+            "ieee: exact f32 products (the default); tf32: operands rounded to TF32 on the \
+             tensor cores; tf32x3: three TF32 products, about f32 accuracy",
+        );
         if let Some(s) = super::scope::closest(given, &names) {
             d = d.with_note(format!("help: did you mean `{s}`?"));
         }

@@ -9,12 +9,13 @@
 //! and the value all of one broadcast shape, the value of the tensor's dtype
 //! (`atomic_add`: f32 and i32 tensors only); padding and `other` are constants of the
 //! tensor's dtype (an untyped constant that fits it, or a typed constant of it:
-//! `pad = lowest(T)`). `dot` checks `[M, K] x [K, N] + [M, N]` and the accumulator dtype.
+//! `pad = lowest(T)`). `dot` checks `[M, K] x [K, N] + [M, N]`, the accumulator dtype and
+//! that a TF32 `input_precision` has f32 operands.
 
-use super::builtins::Args;
+use super::builtins::{Args, PRECISION_KW};
 use super::{Checker, Ev};
 use crate::diag::{Diagnostic, ErrorCode};
-use crate::ir::{Op, TensorParam, ValueId};
+use crate::ir::{InputPrecision, Op, TensorParam, ValueId};
 use crate::span::Span;
 use crate::types::{DType, Scalar, Shape, ValueType};
 
@@ -485,8 +486,9 @@ impl Checker<'_> {
         )
     }
 
-    /// `dot(a, b, acc)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]`; float inputs need an
-    /// f32 accumulator, integer inputs an i32 one. The result has the accumulator's type.
+    /// `dot(a, b, acc, input_precision = p)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]`;
+    /// float inputs need an f32 accumulator, integer inputs an i32 one. The result has the
+    /// accumulator's type. A TF32 precision (`tf32`, `tf32x3`) needs f32 operands.
     pub(crate) fn dot(&mut self, a: &Args, span: Span) -> Ev {
         let (pa, pb, pc) = (a.p(0), a.p(1), a.p(2));
         let (x, y, z) = (
@@ -563,8 +565,41 @@ impl Checker<'_> {
                 )),
             );
         }
+        let precision = match a.precision {
+            Some((p, ps)) if p.is_tf32() && xd != DType::F32 => {
+                let why = if matches!(xd, DType::F16 | DType::BF16) {
+                    format!(
+                        "help: `{xd}` operands already run on the tensor cores with exact \
+                         products: drop `{PRECISION_KW} = {}`",
+                        p.name()
+                    )
+                } else {
+                    format!("help: TF32 is a float format; `{xd}` products stay exact")
+                };
+                return self.push(
+                    Diagnostic::error(
+                        ErrorCode::TypeMismatch,
+                        ps,
+                        format!(
+                            "`{PRECISION_KW} = {}` applies to f32 operands only; these are `{xd}`",
+                            p.name()
+                        ),
+                    )
+                    .with_label_message("needs f32 operands")
+                    .with_secondary(pa.1, format!("this is `tile<{xd}, {xs}>`"))
+                    .with_note(why),
+                );
+            }
+            Some((p, _)) => p,
+            None => InputPrecision::Ieee,
+        };
         self.emit1(
-            Op::Dot { a: x, b: y, acc: z },
+            Op::Dot {
+                a: x,
+                b: y,
+                acc: z,
+                precision,
+            },
             ValueType::Tile(zd, zs),
             span,
         )

@@ -211,23 +211,30 @@ pub fn lower_kernel(
 /// The deepest software pipeline `--stages` may ask for.
 pub const MAX_STAGES: u32 = 8;
 
-/// The largest accumulator of a `dot` with f16/bf16 operands and an f32 accumulator
-/// (the tensor-core kind) in `block` and its regions, in elements; 0 when there is none.
+/// The largest accumulator of a `dot` of the tensor-core kind (f16/bf16 operands, or f32
+/// operands with a TF32 `input_precision`, and an f32 accumulator) in `block` and its
+/// regions, in elements, counted twice for TF32 (its 32-bit operand fragments take twice
+/// the registers and shared memory of 16-bit ones, so it gets twice the warps: a 64 x 64
+/// tile on 2 warps took all 255 registers, on 4 warps about 150); 0 when there is none.
 fn mma_acc_elems(func: &Function, block: &crate::ir::Block) -> u64 {
     let mut best = 0u64;
     crate::ir::visit_insts(func, vec![block], |op| {
-        if let crate::ir::Op::Dot { a, acc, .. } = op {
-            let half = matches!(
-                func.value_type(*a).dtype(),
-                crate::types::DType::F16 | crate::types::DType::BF16
-            );
+        if let crate::ir::Op::Dot {
+            a, acc, precision, ..
+        } = op
+        {
+            let weight = match func.value_type(*a).dtype() {
+                crate::types::DType::F16 | crate::types::DType::BF16 => 1,
+                crate::types::DType::F32 if precision.is_tf32() => 2,
+                _ => 0,
+            };
             let ty = func.value_type(*acc);
-            if half && ty.dtype() == crate::types::DType::F32 {
+            if weight > 0 && ty.dtype() == crate::types::DType::F32 {
                 let n = crate::ir::shape_of(ty)
                     .iter()
                     .map(|&d| d as u64)
                     .product::<u64>();
-                best = best.max(n);
+                best = best.max(n * weight);
             }
         }
     });

@@ -181,6 +181,7 @@ impl Checker<'_> {
             kw: a.kw.clone(),
             eviction: a.eviction,
             combine: None,
+            precision: None,
             span,
         };
         let Some((_, tp)) = self.tensor_arg(&gather_args.p(0)) else {

@@ -683,3 +683,62 @@ fn poison_silences_follow_on_errors() {
         2
     );
 }
+
+#[test]
+fn dot_input_precision_names_a_precision_of_f32_operands() {
+    let mm = "load(m, [0, 0], [16, 16])";
+    let m = expect(
+        &k(&format!(
+            "let a = dot({mm}, {mm}, zeros([16, 16], f32), input_precision = tf33);"
+        )),
+        ErrorCode::BadArguments,
+        "tf33",
+    );
+    assert_eq!(m, "`input_precision` must name a precision, not `tf33`");
+    let d = full_diag(&k(&format!(
+        "let a = dot({mm}, {mm}, zeros([16, 16], f32), input_precision = tf33);"
+    )));
+    let notes = d.notes.join("\n");
+    assert!(notes.contains("ieee, tf32, tf32x3"), "{notes}");
+    assert!(notes.contains("did you mean `tf32`?"), "{notes}");
+    expect(
+        &k(&format!(
+            "let a = dot({mm}, {mm}, zeros([16, 16], f32), input_precision = 1);"
+        )),
+        ErrorCode::BadArguments,
+        "1",
+    );
+    expect(
+        &k(&format!(
+            "let a = dot({mm}, {mm}, zeros([16, 16], f32), input_precision = tf32, input_precision = ieee);"
+        )),
+        ErrorCode::BadArguments,
+        "input_precision",
+    );
+    let hh = "load(h, [0], [256]).reshape([16, 16])";
+    let m = expect(
+        &k(&format!(
+            "let a = dot({hh}, {hh}, zeros([16, 16], f32), input_precision = tf32);"
+        )),
+        ErrorCode::TypeMismatch,
+        "tf32",
+    );
+    assert_eq!(
+        m,
+        "`input_precision = tf32` applies to f32 operands only; these are `f16`"
+    );
+    let ii = "load(xi, [0], [256]).reshape([16, 16])";
+    expect(
+        &k(&format!(
+            "let a = dot({ii}, {ii}, zeros([16, 16], i32), input_precision = tf32x3);"
+        )),
+        ErrorCode::TypeMismatch,
+        "tf32x3",
+    );
+    // `ieee` is every dtype's default, so it may be written for any of them.
+    let src = k(&format!(
+        "let a = dot({hh}, {hh}, zeros([16, 16], f32), input_precision = ieee); \
+         let b = dot({mm}, {mm}, zeros([16, 16], f32), input_precision = tf32);"
+    ));
+    assert!(super::tests::compile_with(&src, &CompileOptions::new(Arch::Sm80)).is_ok());
+}

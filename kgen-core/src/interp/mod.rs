@@ -41,9 +41,12 @@ mod tests_mem;
 #[cfg(test)]
 mod tests_scan;
 #[cfg(test)]
+mod tests_tf32;
+#[cfg(test)]
 mod tests_tile;
 
 pub(crate) use fold::{fold_binary, fold_cast, fold_compare, fold_unary};
+pub use tile::{round_tf32, split_tf32};
 
 use crate::host::ArgValue;
 use crate::ir::{Block, Function, Op, ParamKind, ValueId};
@@ -835,9 +838,17 @@ impl Machine<'_> {
                     None => cluster::stack(&[v])?,
                 }
             }
-            Op::Dot { a, b, acc } => {
-                tile::dot(&*self.get(*a)?, &*self.get(*b)?, &*self.get(*acc)?)?
-            }
+            Op::Dot {
+                a,
+                b,
+                acc,
+                precision,
+            } => tile::dot(
+                &*self.get(*a)?,
+                &*self.get(*b)?,
+                &*self.get(*acc)?,
+                *precision,
+            )?,
             Op::Load {
                 tensor,
                 index,

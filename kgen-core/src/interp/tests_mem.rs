@@ -967,7 +967,12 @@ fn random_malformed_ir_never_panics() {
                     axis: next(3) as u8,
                 },
                 7 => Op::Select(a, c, e),
-                8 => Op::Dot { a, b: c, acc: e },
+                8 => Op::Dot {
+                    a,
+                    b: c,
+                    acc: e,
+                    precision: Default::default(),
+                },
                 9 => Op::Load {
                     tensor: next(3) as u32,
                     index: vec![a, c],

@@ -308,6 +308,7 @@ fn dot_case(din: DType, dacc: DType, m: usize, kk: usize, n: usize) {
             a: va,
             b: vb,
             acc: vc,
+            precision: Default::default(),
         },
         tt(dacc, &[m as u32, n as u32]),
     );

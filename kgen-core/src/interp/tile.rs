@@ -12,11 +12,14 @@
 //! - `dot` computes `acc + a @ b`: float inputs multiply and accumulate in f32 with one
 //!   fused multiply-add (`fma.rn.f32`) per step, k ascending, then round to the
 //!   accumulator dtype; integer inputs are converted to the accumulator dtype and wrap.
+//!   With a TF32 `input_precision` every operand element is first rounded by
+//!   [`round_tf32`] (what the GPU's `cvt.rna.tf32.f32` computes), so each product is
+//!   exact in f32 and only the order of the f32 sums differs from the tensor cores.
 
 use super::eval::{fma_f32, fmax, fmin, IntElem};
 use super::value::{cast, checked_numel, round_slice, Data, Kind, Val};
 use super::InterpError;
-use crate::ir::ReduceOp;
+use crate::ir::{InputPrecision, ReduceOp};
 use crate::types::DType;
 
 fn bad(msg: String) -> InterpError {
@@ -327,7 +330,40 @@ fn matmul_int<T: IntElem>(a: &[T], b: &[T], acc: &mut [T], m: usize, k: usize, n
     }
 }
 
-pub(crate) fn dot(a: &Val, b: &Val, acc: &Val) -> Result<Val, InterpError> {
+/// `x` rounded to TF32: 10 explicit significand bits (f32's top 10), to nearest with ties
+/// away from zero, kept in f32 format with the low 13 bits zero. This is PTX's
+/// `cvt.rna.tf32.f32`, which the GPU path applies to every operand element of a TF32
+/// `dot` before `mma.sync.m16n8k8.tf32` (and before the FMAs of a TF32 `dot` that is not
+/// on tensor cores): for a finite value, an integer add of half the dropped range
+/// (`0x1000`) to the bits, which carries into the exponent (up to infinity) exactly as
+/// rounding the magnitude away from zero on a tie does, then the low 13 bits cleared.
+/// Infinities stay; NaN stays NaN. Subnormals round the same way (no flush).
+pub fn round_tf32(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x.is_infinite() {
+        return x;
+    }
+    f32::from_bits(x.to_bits().wrapping_add(0x1000) & 0xffff_e000)
+}
+
+/// The TF32 split of `x` (`input_precision = tf32x3`): `hi = round_tf32(x)` and `lo =
+/// round_tf32(x - hi)`, the GPU path's `cvt.rna.tf32.f32`, `sub.f32`, `cvt.rna.tf32.f32`.
+/// For finite `hi`, `x - hi` is exact in f32 (`hi` is `x` rounded to fewer bits, in the
+/// same binade or the next). An infinite `x`, or one that rounds to infinity, gives a NaN
+/// or infinite `lo`, so its products are NaN, on the GPU as here.
+pub fn split_tf32(x: f32) -> (f32, f32) {
+    let hi = round_tf32(x);
+    (hi, round_tf32(x - hi))
+}
+
+pub(crate) fn dot(
+    a: &Val,
+    b: &Val,
+    acc: &Val,
+    precision: InputPrecision,
+) -> Result<Val, InterpError> {
     let (&[m, k], &[k2, n], &[m2, n2]) =
         (a.shape.as_slice(), b.shape.as_slice(), acc.shape.as_slice())
     else {
@@ -343,10 +379,37 @@ pub(crate) fn dot(a: &Val, b: &Val, acc: &Val) -> Result<Val, InterpError> {
     let float_in = a.dtype.is_float();
     // The computation dtype: f32 for float inputs, the accumulator's otherwise.
     let ct = if float_in { DType::F32 } else { acc.dtype };
+    if precision.is_tf32() && a.dtype != DType::F32 {
+        return Err(bad(format!(
+            "dot with input_precision {} of {} operands",
+            precision.name(),
+            a.dtype
+        )));
+    }
     let x = cast(&a.data, a.dtype, ct);
     let y = cast(&b.data, b.dtype, ct);
     let mut z = cast(&acc.data, acc.dtype, ct);
     match (&x, &y, &mut z) {
+        (Data::F(x), Data::F(y), Data::F(z)) if precision.is_tf32() => {
+            let x3 = precision == InputPrecision::Tf32x3;
+            let (xh, xl): (Vec<f32>, Vec<f32>) = x.iter().map(|&v| split_tf32(v)).unzip();
+            let (yh, yl): (Vec<f32>, Vec<f32>) = y.iter().map(|&v| split_tf32(v)).unzip();
+            for i in 0..m {
+                let row = &mut z[i * n..(i + 1) * n];
+                for kk in 0..k {
+                    let (ph, pl) = (xh[i * k + kk], xl[i * k + kk]);
+                    let ys = kk * n..(kk + 1) * n;
+                    for ((r, &qh), &ql) in row.iter_mut().zip(&yh[ys.clone()]).zip(&yl[ys]) {
+                        // The small terms first, as the GPU issues them.
+                        if x3 {
+                            *r = fma_f32(pl, qh, *r);
+                            *r = fma_f32(ph, ql, *r);
+                        }
+                        *r = fma_f32(ph, qh, *r);
+                    }
+                }
+            }
+        }
         (Data::F(x), Data::F(y), Data::F(z)) => {
             for i in 0..m {
                 let row = &mut z[i * n..(i + 1) * n];

@@ -332,8 +332,18 @@ impl Printer<'_> {
                 u(self, value),
                 mask.map_or(String::new(), |m| format!(" mask {}", self.use_(m)))
             ),
-            Op::Dot { a, b, acc } => {
-                format!("dot {}, {}, {}", u(self, a), u(self, b), u(self, acc))
+            Op::Dot {
+                a,
+                b,
+                acc,
+                precision,
+            } => {
+                let p = if precision.is_tf32() {
+                    format!(" input_precision {}", precision.name())
+                } else {
+                    String::new()
+                };
+                format!("dot {}, {}, {}{p}", u(self, a), u(self, b), u(self, acc))
             }
             Op::For {
                 lower,

@@ -113,6 +113,54 @@ impl Eviction {
     }
 }
 
+/// How `dot` multiplies float operands (Triton's `input_precision`). Products of f16 and
+/// bf16 values are exact in f32 whatever this says (tensor cores); it matters for f32
+/// operands only, and the checker refuses anything but `Ieee` for the others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum InputPrecision {
+    /// Exact f32 products, each added with one rounding (`fma.rn.f32`).
+    #[default]
+    Ieee,
+    /// Each operand element rounded to TF32 first (`round_tf32`: 10 explicit
+    /// significand bits, to nearest with ties away from zero, PTX's
+    /// `cvt.rna.tf32.f32`); the products of two TF32 values are exact in f32 and are
+    /// summed in f32 (tensor cores: `mma.sync.m16n8k8.tf32`).
+    Tf32,
+    /// Three TF32 products per element pair, recovering about f32 accuracy: with
+    /// `hi = round_tf32(x)` and `lo = round_tf32(x - hi)` (the difference is exact),
+    /// `a·b ≈ a_lo·b_hi + a_hi·b_lo + a_hi·b_hi` (the `a_lo·b_lo` term, about 2⁻²² of
+    /// the product, is dropped), each summed in f32.
+    Tf32x3,
+}
+
+impl InputPrecision {
+    /// Every precision, in the order the diagnostics list them.
+    pub const ALL: [InputPrecision; 3] = [
+        InputPrecision::Ieee,
+        InputPrecision::Tf32,
+        InputPrecision::Tf32x3,
+    ];
+
+    /// The spelling in source (`input_precision = tf32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            InputPrecision::Ieee => "ieee",
+            InputPrecision::Tf32 => "tf32",
+            InputPrecision::Tf32x3 => "tf32x3",
+        }
+    }
+
+    /// The precision named `name` in source, if any.
+    pub fn from_name(name: &str) -> Option<InputPrecision> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Whether the operands go through TF32 (the tensor cores' f32 input format).
+    pub fn is_tf32(self) -> bool {
+        self != InputPrecision::Ieee
+    }
+}
+
 /// A global-memory tensor: a base pointer, extents and strides (in elements).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorParam {
@@ -496,12 +544,14 @@ pub enum Op {
     /// block's tiles whole. No results. Control flow in the language is uniform across a block, so every thread
     /// reaches the same barriers.
     Barrier,
-    /// `dot(a, b, acc)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]` (f32 accumulator for
-    /// float inputs). Result `acc + a @ b`.
+    /// `dot(a, b, acc, input_precision = p)`: `a: [M, K]`, `b: [K, N]`, `acc: [M, N]`
+    /// (f32 accumulator for float inputs). Result `acc + a @ b`, the products as
+    /// `precision` says (not `Ieee` only for f32 operands).
     Dot {
         a: ValueId,
         b: ValueId,
         acc: ValueId,
+        precision: InputPrecision,
     },
     /// A counted loop `for iv in lower..upper step step` (i32 scalars, step > 0 checked at
     /// compile time when constant). `body.args` = `[iv, carried...]`; the body yields

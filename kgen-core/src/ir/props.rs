@@ -215,7 +215,7 @@ macro_rules! walk_operands {
                 $f(b);
                 $f(c);
             }
-            Op::Dot { a, b, acc } => {
+            Op::Dot { a, b, acc, .. } => {
                 $f(a);
                 $f(b);
                 $f(acc);
@@ -331,6 +331,7 @@ mod tests {
                 a: h(1),
                 b: h(2),
                 acc: h(3),
+                precision: crate::ir::InputPrecision::Tf32,
             },
             Op::Store {
                 tensor: 0,
@@ -378,6 +379,7 @@ mod tests {
             a: h(1),
             b: h(2),
             acc: h(3),
+            precision: Default::default(),
         });
         assert!(
             dot.is_pure() && !dot.is_movable_value(),

@@ -40,9 +40,10 @@
 //! such a read earlier cannot change what it reads); every index is computed, by
 //! element-wise and constant ops at the top level of the body, from the induction
 //! variable and values defined outside the loop; and its value reaches a `dot` that the
-//! tensor-core lowering takes (f16/bf16 operands of one dtype, an f32 accumulator, tile
-//! shapes that hold whole `mma.m16n8k16` instructions on the warp grid), directly or
-//! through `transpose`.
+//! tensor-core lowering takes (f16/bf16 operands of one dtype, or f32 operands with a TF32
+//! `input_precision`; an f32 accumulator; tile shapes that hold whole `mma.m16n8k16`, or
+//! for TF32 `mma.m16n8k8`, instructions on the warp grid), directly or through
+//! `transpose`.
 //! Guarantees: ordinary IR with the scratch ops' documented semantics, so the interpreter
 //! runs the pipelined kernel (and its in-flight checks reject a slot read or overwritten
 //! while a fetch into it is pending: every kernel the tests run checks the rewrite). The
@@ -51,9 +52,11 @@
 //! buffers exceed the target's shared memory is a located `TargetLimit` diagnostic; the
 //! default (3) is lowered until they fit.
 
+use crate::back::ptx::mma_layout::MmaKind;
 use crate::diag::{Diagnostic, Diagnostics, ErrorCode};
 use crate::ir::{
-    props, BinaryOp, Block, Builder, CmpOp, Function, InstId, Op, OpClass, ScratchBuf, ValueId,
+    props, BinaryOp, Block, Builder, CmpOp, Function, InputPrecision, InstId, Op, OpClass,
+    ScratchBuf, ValueId,
 };
 use crate::span::Span;
 use crate::types::{DType, Scalar, ValueType};
@@ -174,23 +177,49 @@ fn written_tensors(func: &Function) -> HashSet<u32> {
     w
 }
 
-/// Whether `dot(a, b, acc)` goes to the tensor cores (see the module docs).
-pub fn mma_dot(func: &Function, a: ValueId, b: ValueId, acc: ValueId, num_warps: u32) -> bool {
+/// The `mma.sync` instruction kind that computes `dot(a, b, acc)` with `precision` on the
+/// tensor cores, or `None` when it stays on CUDA cores (see the module docs).
+pub fn mma_kind(
+    func: &Function,
+    a: ValueId,
+    b: ValueId,
+    acc: ValueId,
+    precision: InputPrecision,
+) -> Option<MmaKind> {
     let (ta, tb, tc) = (func.value_type(a), func.value_type(b), func.value_type(acc));
-    let (Some(sa), Some(sb)) = (ta.shape(), tb.shape()) else {
+    if ta.dtype() != tb.dtype() || tc.dtype() != DType::F32 {
+        return None;
+    }
+    match ta.dtype() {
+        DType::F16 | DType::BF16 => Some(MmaKind::F16),
+        DType::F32 if precision.is_tf32() => Some(MmaKind::Tf32),
+        _ => None,
+    }
+}
+
+/// Whether `dot(a, b, acc)` with `precision` goes to the tensor cores (see the module
+/// docs): operands of a tensor-core kind and tile shapes that hold whole instructions.
+pub fn mma_dot(
+    func: &Function,
+    a: ValueId,
+    b: ValueId,
+    acc: ValueId,
+    precision: InputPrecision,
+    num_warps: u32,
+) -> bool {
+    let Some(kind) = mma_kind(func, a, b, acc, precision) else {
+        return false;
+    };
+    let (Some(sa), Some(sb)) = (func.value_type(a).shape(), func.value_type(b).shape()) else {
         return false;
     };
     let (sa, sb) = (sa.dims(), sb.dims());
     if sa.len() != 2 || sb.len() != 2 {
         return false;
     }
-    let half = matches!(ta.dtype(), DType::F16 | DType::BF16);
-    if !half || ta.dtype() != tb.dtype() || tc.dtype() != DType::F32 {
-        return false;
-    }
     let (m, k, n) = (sa[0], sa[1], sb[1]);
     let grid = crate::back::ptx::mma_layout::warp_grid(m, n, num_warps);
-    crate::back::ptx::mma_layout::mma_shape_ok(m, n, k, grid)
+    crate::back::ptx::mma_layout::mma_shape_ok(m, n, k, grid, kind)
 }
 
 /// The instructions to put before and after a pipelined loop.
@@ -251,10 +280,16 @@ fn pipeline_loop(
     let mut seen = HashSet::new();
     let mut dot_span = None;
     for &i in &body.insts {
-        let Op::Dot { a, b, acc } = func.insts[i].op else {
+        let Op::Dot {
+            a,
+            b,
+            acc,
+            precision,
+        } = func.insts[i].op
+        else {
             continue;
         };
-        if !mma_dot(func, a, b, acc, o.num_warps) {
+        if !mma_dot(func, a, b, acc, precision, o.num_warps) {
             continue;
         }
         dot_span.get_or_insert(func.insts[i].span);
@@ -367,16 +402,31 @@ fn in_place_wgmma_dot(func: &Function, body: &Block, num_warps: u32) -> bool {
         .iter()
         .copied()
         .filter(|&i| match func.insts[i].op {
-            Op::Dot { a, b, acc } => mma_dot(func, a, b, acc, num_warps),
+            Op::Dot {
+                a,
+                b,
+                acc,
+                precision,
+            } => mma_dot(func, a, b, acc, precision, num_warps),
             _ => false,
         })
         .collect();
     let [d] = dots.as_slice() else {
         return false;
     };
-    let Op::Dot { a, acc, .. } = func.insts[*d].op else {
+    let Op::Dot {
+        a,
+        b,
+        acc,
+        precision,
+    } = func.insts[*d].op
+    else {
         return false;
     };
+    // wgmma takes f16/bf16 operands only here: a TF32 dot runs on `mma.sync`.
+    if mma_kind(func, a, b, acc, precision) != Some(MmaKind::F16) {
+        return false;
+    }
     let Some(&res) = func.insts[*d].results.first() else {
         return false;
     };

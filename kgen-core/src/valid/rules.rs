@@ -410,7 +410,12 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             }
             check_offsets(func, offsets, *mask, t.rank(), v.shape())
         }
-        Op::Dot { a, b, acc } => {
+        Op::Dot {
+            a,
+            b,
+            acc,
+            precision,
+        } => {
             let (x, y, z, r) = (ty(a), ty(b), ty(acc), res_ty()?);
             let ok = match (x.shape(), y.shape(), z.shape()) {
                 (Some(s), Some(t), Some(u)) if s.rank() == 2 && t.rank() == 2 && u.rank() == 2 => {
@@ -420,7 +425,13 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
                 }
                 _ => false,
             };
-            ensure(ok && z == r, || format!("dot of {x} and {y} into {z}"))
+            ensure(ok && z == r, || format!("dot of {x} and {y} into {z}"))?;
+            ensure(!precision.is_tf32() || x.dtype() == DType::F32, || {
+                format!(
+                    "dot with input_precision {} of {x} (f32 operands only)",
+                    precision.name()
+                )
+            })
         }
         Op::For {
             lower, upper, step, ..

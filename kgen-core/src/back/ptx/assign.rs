@@ -540,12 +540,22 @@ impl Assigner<'_> {
                 ops.extend(mask.iter().copied());
                 self.follow(&ops, &rshape)
             }
-            Op::Dot { a, b, acc } => {
-                if crate::passes::pipeline::mma_dot(func, *a, *b, *acc, self.num_warps) {
+            Op::Dot {
+                a,
+                b,
+                acc,
+                precision,
+            } => {
+                if crate::passes::pipeline::mma_dot(func, *a, *b, *acc, *precision, self.num_warps)
+                {
                     let k = self.shape(*a).get(1).copied().unwrap_or(0);
+                    // wgmma computes f16/bf16 products here; a TF32 dot uses mma.sync.
+                    let f16 = crate::passes::pipeline::mma_kind(func, *a, *b, *acc, *precision)
+                        == Some(super::mma_layout::MmaKind::F16);
                     let wg = super::mma_layout::wgmma_grid(rshape[0], rshape[1], k, self.num_warps)
                         .filter(|_| {
                             self.wgmma
+                                && f16
                                 && shared_tile_load(func, &self.defs, *a)
                                 && shared_tile_load(func, &self.defs, *b)
                         });

@@ -13,11 +13,21 @@
 //!   column (n) `g`. Register bit 0 → k bit 0, lanes 0–1 → k bits 1–2, register bit 1 →
 //!   k bit 3, lanes 2–4 → n bits 0–2.
 //!
+//! `mma.sync.aligned.m16n8k8` with `.tf32` operands (f32 operands of a `dot` with a TF32
+//! `input_precision`; "Matrix Fragments for mma.m16n8k8", one 32-bit element per
+//! register, nothing packed):
+//! - C/D: as for m16n8k16 above.
+//! - A (16 × 8, four tf32): `a[i]` is at row `g + 8 * (i & 1)`, column `t + 4 * (i >> 1)`.
+//!   Lanes 0–1 → k bits 0–1, lanes 2–4 → m bits 0–2, register bit 0 → m bit 3, register
+//!   bit 1 → k bit 2.
+//! - B (8 × 8, two tf32): `b[i]` is at row (k) `t + 4 * i`, column (n) `g`. Lanes 0–1 →
+//!   k bits 0–1, register bit 0 → k bit 2, lanes 2–4 → n bits 0–2.
+//!
 //! A tile larger than one instruction repeats the pattern in more register bits (within
 //! the warp's part) and splits the rest between warps: `warps_m` warps along M, `warps_n`
 //! along N. Each warp needs the A rows of its M part and the B columns of its N part, so
 //! the operands' layouts have the other direction's warp bits as *replica* bits. Register
-//! bit 0 of every operand layout is the packed pair (two halves in one `.b32`).
+//! bit 0 of every 16-bit operand layout is the packed pair (two halves in one `.b32`).
 //!
 //! The C layout of two neighbouring n8 tiles is the A layout of one k16 tile, bit for
 //! bit, so a product's result used as the next product's A operand (attention's P · V)
@@ -27,19 +37,52 @@
 //! warp count. Guarantees: every padded coordinate bit is owned by exactly one register,
 //! lane or warp bit; where the tile is smaller than one instruction or than the warp grid
 //! covers, the missing lane/warp bits are replica bits (the lowering of `mma` requires
-//! M ≥ 16 · warps_m, N ≥ 8 · warps_n and K ≥ 16, which `mma_shape_ok` checks).
+//! M ≥ 16 · warps_m, N ≥ 8 · warps_n and K ≥ 16, or K ≥ 8 for TF32, which `mma_shape_ok`
+//! checks).
 
 use super::layout::{padded, CBit, Linear};
 
-/// Which fragment of `mma.m16n8k16` a layout describes.
+/// Which fragment of `mma.m16n8k16` (or, for the `Tf32` operands, `mma.m16n8k8.tf32`) a
+/// layout describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MmaOperand {
-    /// The accumulator / result, `[M, N]`.
+    /// The accumulator / result, `[M, N]` (the same for both instructions).
     Acc,
     /// The left operand, `[M, K]`.
     A,
     /// The right operand, `[K, N]`.
     B,
+    /// The left operand of `m16n8k8.tf32`, `[M, K]`.
+    ATf32,
+    /// The right operand of `m16n8k8.tf32`, `[K, N]`.
+    BTf32,
+}
+
+/// Which `mma.sync` instruction a tensor-core `dot` is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MmaKind {
+    /// `m16n8k16` with f16 or bf16 operands.
+    F16,
+    /// `m16n8k8` with tf32 operands (f32 operands rounded by `cvt.rna.tf32.f32`).
+    Tf32,
+}
+
+impl MmaKind {
+    /// The instruction's K.
+    pub fn k(self) -> u32 {
+        match self {
+            MmaKind::F16 => 16,
+            MmaKind::Tf32 => 8,
+        }
+    }
+
+    /// The operand layouts `(A, B)` of this kind.
+    pub fn operands(self) -> (MmaOperand, MmaOperand) {
+        match self {
+            MmaKind::F16 => (MmaOperand::A, MmaOperand::B),
+            MmaKind::Tf32 => (MmaOperand::ATf32, MmaOperand::BTf32),
+        }
+    }
 }
 
 /// An `mma.sync` fragment layout over a whole tile.
@@ -100,15 +143,16 @@ pub fn wgmma_grid(m: u32, n: u32, k: u32, num_warps: u32) -> Option<[u32; 2]> {
     ok.then_some([num_warps, 1])
 }
 
-/// Whether a `[m, k] x [k, n]` product (padded extents) can be tiled by `mma.m16n8k16`
-/// over a warp grid `[wm, wn]`: each warp's part holds whole instructions.
-pub fn mma_shape_ok(m: u32, n: u32, k: u32, grid: [u32; 2]) -> bool {
+/// Whether a `[m, k] x [k, n]` product (padded extents) can be tiled by the instructions of
+/// `kind` (`m16n8k16`, `m16n8k8`) over a warp grid `[wm, wn]`: each warp's part holds
+/// whole instructions.
+pub fn mma_shape_ok(m: u32, n: u32, k: u32, grid: [u32; 2], kind: MmaKind) -> bool {
     let (m, n, k) = (
         m.max(1).next_power_of_two(),
         n.max(1).next_power_of_two(),
         k.max(1).next_power_of_two(),
     );
-    m >= INSTR.0 * grid[0] && n >= INSTR.1 * grid[1] && k >= INSTR.2
+    m >= INSTR.0 * grid[0] && n >= INSTR.1 * grid[1] && k >= kind.k()
 }
 
 impl MmaLayout {
@@ -165,6 +209,35 @@ impl MmaLayout {
                 // dim 0 = K, dim 1 = N; the M warps replicate.
                 let part_n = bits1.saturating_sub(wn);
                 b.reg(0);
+                b.lane(0, 0);
+                b.lane(1, 0);
+                b.reg(0);
+                b.lane(2, 1);
+                b.lane(3, 1);
+                b.lane(4, 1);
+                b.regs_up_to(1, part_n);
+                b.regs_up_to(0, bits0);
+                b.replica_warps(wm);
+                b.warp_bits(1, wn);
+            }
+            MmaOperand::ATf32 => {
+                // dim 0 = M, dim 1 = K; the N warps replicate.
+                let part_m = bits0.saturating_sub(wm);
+                b.lane(0, 1);
+                b.lane(1, 1);
+                b.lane(2, 0);
+                b.lane(3, 0);
+                b.lane(4, 0);
+                b.reg(0);
+                b.reg(1);
+                b.regs_up_to(1, bits1);
+                b.regs_up_to(0, part_m);
+                b.warp_bits(0, wm);
+                b.replica_warps(wn);
+            }
+            MmaOperand::BTf32 => {
+                // dim 0 = K, dim 1 = N; the M warps replicate.
+                let part_n = bits1.saturating_sub(wn);
                 b.lane(0, 0);
                 b.lane(1, 0);
                 b.reg(0);
@@ -311,6 +384,60 @@ mod tests {
     }
 
     #[test]
+    fn the_tf32_a_fragment_is_the_isa_table() {
+        // PTX ISA, m16n8k8 `.tf32` A: row = groupID (+8 for a1, a3), col =
+        // threadID_in_group (+4 for a2, a3).
+        let l = one_warp(MmaOperand::ATf32).linear(&[16, 8]);
+        assert_eq!(l.num_regs(), 4);
+        for lane in 0..32u32 {
+            let (g, t) = (lane >> 2, lane % 4);
+            for i in 0..4u32 {
+                let want = vec![g + 8 * (i & 1), t + 4 * (i >> 1)];
+                assert_eq!(coord(&l, lane, i as usize), want, "lane {lane} a{i}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_tf32_b_fragment_is_the_isa_table() {
+        // PTX ISA, m16n8k8 `.tf32` B: row (k) = threadID_in_group (+4 for b1), col (n) =
+        // groupID.
+        let l = one_warp(MmaOperand::BTf32).linear(&[8, 8]);
+        assert_eq!(l.num_regs(), 2);
+        for lane in 0..32u32 {
+            let (g, t) = (lane >> 2, lane % 4);
+            for i in 0..2u32 {
+                let want = vec![t + 4 * i, g];
+                assert_eq!(coord(&l, lane, i as usize), want, "lane {lane} b{i}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_ldmatrix_of_32_bit_rows_gives_the_tf32_a_fragment() {
+        // `ldmatrix.x4` (b16) from an [M, K] f32 tile whose rows hold 4 f32 per 16 bytes:
+        // matrix j covers rows 8 * (j & 1).. and 16-byte chunk (j >> 1); lane L gets the
+        // 32-bit word L % 4 of row L / 4 of each matrix, i.e. element (row, 4 * chunk + L %
+        // 4). Register j of that load must be a[j] of the ISA table.
+        let l = one_warp(MmaOperand::ATf32).linear(&[16, 8]);
+        for lane in 0..32u32 {
+            for j in 0..4u32 {
+                let (row, word) = (lane / 4 + 8 * (j & 1), lane % 4);
+                let got = vec![row, 4 * (j >> 1) + word];
+                assert_eq!(coord(&l, lane, j as usize), got, "lane {lane} matrix {j}");
+            }
+        }
+        // B stored [N, K] (a transposed operand): matrix j covers n rows 0..8 and chunk j.
+        let b = one_warp(MmaOperand::BTf32).linear(&[8, 8]);
+        for lane in 0..32u32 {
+            for j in 0..2u32 {
+                let (n, word) = (lane / 4, lane % 4);
+                assert_eq!(coord(&b, lane, j as usize), vec![4 * j + word, n]);
+            }
+        }
+    }
+
+    #[test]
     fn tiles_over_a_warp_grid_cover_every_element_once_per_warp_part() {
         for (m, n, k, warps) in [
             (128u32, 128u32, 32u32, 4u32),
@@ -321,11 +448,16 @@ mod tests {
         ] {
             let [wm, wn] = warp_grid(m, n, warps);
             assert_eq!(wm * wn, warps);
-            assert!(mma_shape_ok(m, n, k, [wm, wn]), "{m}x{n}x{k} on {wm}x{wn}");
+            assert!(
+                mma_shape_ok(m, n, k, [wm, wn], MmaKind::F16),
+                "{m}x{n}x{k} on {wm}x{wn}"
+            );
             for (op, shape, copies) in [
                 (MmaOperand::Acc, [m, n], 1u32),
                 (MmaOperand::A, [m, k], wn),
                 (MmaOperand::B, [k, n], wm),
+                (MmaOperand::ATf32, [m, k], wn),
+                (MmaOperand::BTf32, [k, n], wm),
             ] {
                 let lay = MmaLayout {
                     warps_m: wm,
@@ -365,6 +497,12 @@ mod tests {
         assert_eq!(warp_grid(256, 128, 8), [4, 2]);
         assert_eq!(warp_grid(64, 256, 4), [1, 4]);
         assert_eq!(warp_grid(16, 8, 4), [4, 1], "replicas along M");
-        assert!(!mma_shape_ok(16, 8, 16, [4, 1]));
+        assert!(!mma_shape_ok(16, 8, 16, [4, 1], MmaKind::F16));
+        assert!(mma_shape_ok(16, 8, 8, [1, 1], MmaKind::Tf32));
+        assert!(
+            !mma_shape_ok(16, 8, 8, [1, 1], MmaKind::F16),
+            "k8 is TF32's only"
+        );
+        assert!(!mma_shape_ok(16, 8, 4, [1, 1], MmaKind::Tf32));
     }
 }

@@ -41,6 +41,8 @@ mod tests_scan;
 #[cfg(test)]
 mod tests_scratch;
 #[cfg(test)]
+mod tests_tf32;
+#[cfg(test)]
 mod tests_tma;
 
 use crate::abi::{

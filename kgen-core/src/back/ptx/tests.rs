@@ -653,6 +653,7 @@ fn dot_and_if_ir(dt: DType) -> crate::ir::Function {
                 a: at,
                 b: bt,
                 acc: c[0],
+                precision: Default::default(),
             },
             tile(DType::F32, &[32, 32]),
         );

@@ -1,5 +1,6 @@
 //! `dot` on tensor cores: `mma.sync.aligned.m16n8k16` (f16/bf16 operands, f32
-//! accumulators), on sm_80 and sm_90a.
+//! accumulators), on sm_80 and sm_90a; `mma.sync.aligned.m16n8k8` with tf32 operands for
+//! f32 operands with a TF32 `input_precision` (their fragments: `mma_tf32.rs`).
 //!
 //! Assumes: `assign` gave the result an `Mma` accumulator layout over a warp grid
 //! `[wm, wn]` whose parts hold whole instructions (`passes::pipeline::mma_dot`); an
@@ -16,19 +17,24 @@
 //! are loop-invariant registers made once in the prologue (per operand and 16-byte column
 //! group); rows that differ by multiples of 8 are immediate offsets (the swizzle depends
 //! only on a row's position within 8).
+//!
+//! A TF32 `dot` walks K in steps of 8 with the same structure (the double-buffered
+//! fragments, the deferred copies); its fragments are 32-bit elements rounded by
+//! `cvt.rna.tf32.f32`, and for `tf32x3` each product is three instructions
+//! (`a_lo·b_hi`, `a_hi·b_lo`, `a_hi·b_hi`, chained through the accumulator).
 
 use super::staged::StagedView;
 use super::{unsupported, Lowerer, R};
 use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
 use crate::back::ptx::layout::Linear;
-use crate::back::ptx::mma_layout::{MmaLayout, MmaOperand};
+use crate::back::ptx::mma_layout::{MmaKind, MmaLayout, MmaOperand};
 use crate::back::ptx::swizzle::SharedTile;
-use crate::ir::ValueId;
+use crate::ir::{InputPrecision, ValueId};
 use crate::span::Span;
 use crate::types::DType;
 
 /// Where one operand's fragments come from.
-enum Source {
+pub(super) enum Source {
     Staged(StagedView),
     /// Registers in the operand's `mma_layout` layout (wide f32 values).
     Regs(Vec<Reg>, Linear),
@@ -43,6 +49,24 @@ struct LanePattern {
     trans: bool,
 }
 
+/// One k-step's operand fragments: per m-tile four A registers, per n-tile two B
+/// registers, and for `tf32x3` the low parts of both (else empty).
+pub(super) struct Fragments {
+    pub a: Vec<[Reg; 4]>,
+    pub b: Vec<[Reg; 2]>,
+    pub a_lo: Vec<[Reg; 4]>,
+    pub b_lo: Vec<[Reg; 2]>,
+}
+
+/// What a `dot` on `mma.sync` is made of: the instruction kind, the operand type in its
+/// opcode, and the input precision (`tf32x3`: three products per instruction).
+#[derive(Clone, Copy)]
+pub(super) struct MmaPlan {
+    pub kind: MmaKind,
+    pub ty: &'static str,
+    pub precision: InputPrecision,
+}
+
 impl Lowerer<'_> {
     pub(super) fn lower_mma(
         &mut self,
@@ -50,6 +74,7 @@ impl Lowerer<'_> {
         a: ValueId,
         b: ValueId,
         acc: ValueId,
+        precision: InputPrecision,
         layout: MmaLayout,
     ) -> R<()> {
         let func = self.func;
@@ -60,11 +85,36 @@ impl Lowerer<'_> {
             .first()
             .ok_or_else(|| unsupported(span, "dot without a result"))?;
         let dt = self.dtype(a);
-        let ty = match dt {
-            DType::BF16 => "bf16",
-            DType::F16 => "f16",
-            _ => return Err(unsupported(span, "mma.sync needs f16 or bf16 operands")),
+        let plan = match (dt, precision.is_tf32()) {
+            (DType::BF16, false) => MmaPlan {
+                kind: MmaKind::F16,
+                ty: "bf16",
+                precision,
+            },
+            (DType::F16, false) => MmaPlan {
+                kind: MmaKind::F16,
+                ty: "f16",
+                precision,
+            },
+            (DType::F32, true) => MmaPlan {
+                kind: MmaKind::Tf32,
+                ty: "tf32",
+                precision,
+            },
+            _ => {
+                return Err(unsupported(
+                    span,
+                    format!(
+                        "mma.sync needs f16 or bf16 operands, or f32 ones with a TF32 \
+                         input_precision (here {dt}, {})",
+                        precision.name()
+                    ),
+                ))
+            }
         };
+        let ty = plan.ty;
+        let kstep = plan.kind.k();
+        self.tf32_addrs.clear();
         let lin_c = self.lin(res);
         let (mp, np) = (lin_c.shape[0], lin_c.shape[1]);
         let kp = self
@@ -74,7 +124,7 @@ impl Lowerer<'_> {
             .unwrap_or(16);
         let (wm, wn) = (layout.warps_m, layout.warps_n);
         let (mw, nw) = (mp / wm, np / wn);
-        let (mt, nt, steps) = (mw / 16, nw / 8, kp / 16);
+        let (mt, nt, steps) = (mw / 16, nw / 8, kp / kstep);
         if mt == 0 || nt == 0 || steps == 0 {
             return Err(unsupported(
                 span,
@@ -94,26 +144,44 @@ impl Lowerer<'_> {
                 .collect()
         };
         let (m_warp, n_warp) = (warp_bits(0), warp_bits(1));
-        let src_a = self.mma_source(a, layout, MmaOperand::A, span)?;
-        let src_b = self.mma_source(b, layout, MmaOperand::B, span)?;
+        let (op_a, op_b) = plan.kind.operands();
+        let src_a = self.mma_source(a, layout, op_a, span)?;
+        let src_b = self.mma_source(b, layout, op_b, span)?;
         let mut cur: Vec<Reg> = self.operand_in(acc, &lin_c, span)?;
         let c_index = |mi: u32, ni: u32, i: u32| -> R<usize> {
             lin_c
                 .reg_index(&[mi * 16 + 8 * (i >> 1), ni * 8 + (i & 1)])
                 .ok_or_else(|| unsupported(span, "accumulator layout"))
         };
+        let shape = if plan.kind == MmaKind::Tf32 {
+            "m16n8k8"
+        } else {
+            "m16n8k16"
+        };
         self.comment(format!(
-            "dot: mma.sync m16n8k16 {ty}, {mt}x{nt} instructions per warp per k-step, {steps} k-steps"
+            "dot: mma.sync {shape} {ty}{}, {mt}x{nt} instructions per warp per k-step, {steps} k-steps",
+            if precision == InputPrecision::Tf32x3 {
+                " (x3)"
+            } else {
+                ""
+            }
         ));
+        let opcode = format!("mma.sync.aligned.{shape}.row.col.f32.{ty}.{ty}.f32");
         // Fragments of k-step s + 1 are loaded before k-step s's mma are issued (two sets
         // of fragment registers), so the ldmatrix latency hides behind the tensor cores.
-        let mut frags =
-            Some(self.mma_fragments(&src_a, &src_b, 0, mt, nt, &m_warp, &n_warp, ty, span)?);
+        // Not for tf32x3: its fragments are twice as many registers once split, and its
+        // three products per fragment pair hide the loads' latency themselves (with the
+        // prefetch a 128 x 64 tile on 4 warps spilled).
+        let prefetch = precision != InputPrecision::Tf32x3;
+        let mut frags = None;
         for s in 0..steps {
-            let (afr, bfr) = frags
-                .take()
-                .ok_or_else(|| unsupported(span, "mma fragments"))?;
-            if s + 1 < steps {
+            let fr = match frags.take() {
+                Some(f) => f,
+                None => {
+                    self.mma_fragments(&src_a, &src_b, s, mt, nt, &m_warp, &n_warp, plan, span)?
+                }
+            };
+            if s + 1 < steps && prefetch {
                 frags = Some(self.mma_fragments(
                     &src_a,
                     &src_b,
@@ -122,27 +190,44 @@ impl Lowerer<'_> {
                     nt,
                     &m_warp,
                     &n_warp,
-                    ty,
+                    plan,
                     span,
                 )?);
             }
+            // TF32 fragments are loaded as they are stored and rounded here, after the
+            // next k-step's loads: those stay unrounded across this step's products.
+            let fr = match plan.kind {
+                MmaKind::Tf32 => self.tf32_round_fragments(fr, plan),
+                MmaKind::F16 => fr,
+            };
             let mut next = cur.clone();
             for mi in 0..mt {
                 for ni in 0..nt {
                     let idx: Vec<usize> = (0..4).map(|i| c_index(mi, ni, i)).collect::<R<_>>()?;
-                    let c: Vec<Reg> = idx.iter().map(|&k| cur[k]).collect();
-                    let d: Vec<Reg> = (0..4).map(|_| self.reg(RegClass::F32)).collect();
-                    let (af, bf) = (afr[mi as usize], bfr[ni as usize]);
-                    self.emit(
-                        format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32"),
-                        vec![
-                            Operand::Vec(d.clone()),
-                            Operand::Vec(af.to_vec()),
-                            Operand::Vec(bf.to_vec()),
-                            Operand::Vec(c),
-                        ],
-                    );
-                    for (&k, &r) in idx.iter().zip(&d) {
+                    let mut c: Vec<Reg> = idx.iter().map(|&k| cur[k]).collect();
+                    let (mi, ni) = (mi as usize, ni as usize);
+                    let (af, bf) = (fr.a[mi], fr.b[ni]);
+                    // tf32x3: the two small products first, then the large one.
+                    let mut products = Vec::with_capacity(3);
+                    if let (Some(al), Some(bl)) = (fr.a_lo.get(mi), fr.b_lo.get(ni)) {
+                        products.push((*al, bf));
+                        products.push((af, *bl));
+                    }
+                    products.push((af, bf));
+                    for (pa, pb) in products {
+                        let d: Vec<Reg> = (0..4).map(|_| self.reg(RegClass::F32)).collect();
+                        self.emit(
+                            opcode.clone(),
+                            vec![
+                                Operand::Vec(d.clone()),
+                                Operand::Vec(pa.to_vec()),
+                                Operand::Vec(pb.to_vec()),
+                                Operand::Vec(c),
+                            ],
+                        );
+                        c = d;
+                    }
+                    for (&k, &r) in idx.iter().zip(&c) {
                         next[k] = r;
                     }
                 }
@@ -159,7 +244,7 @@ impl Lowerer<'_> {
     }
 
     /// The A fragments (per m-tile) and B fragments (per n-tile) of k-step `s`.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    #[allow(clippy::too_many_arguments)]
     fn mma_fragments(
         &mut self,
         src_a: &Source,
@@ -169,9 +254,13 @@ impl Lowerer<'_> {
         nt: u32,
         m_warp: &[(u32, u32)],
         n_warp: &[(u32, u32)],
-        ty: &str,
+        plan: MmaPlan,
         span: Span,
-    ) -> R<(Vec<[Reg; 4]>, Vec<[Reg; 2]>)> {
+    ) -> R<Fragments> {
+        if plan.kind == MmaKind::Tf32 {
+            return self.tf32_fragments(src_a, src_b, s, mt, nt, m_warp, n_warp, plan, span);
+        }
+        let ty = plan.ty;
         let afr: Vec<[Reg; 4]> = (0..mt)
             .map(|mi| self.a_fragment(src_a, mi, s, m_warp, ty, span))
             .collect::<R<_>>()?;
@@ -183,7 +272,12 @@ impl Lowerer<'_> {
             bfr.extend(got);
             ni += if pair { 2 } else { 1 };
         }
-        Ok((afr, bfr))
+        Ok(Fragments {
+            a: afr,
+            b: bfr,
+            a_lo: Vec::new(),
+            b_lo: Vec::new(),
+        })
     }
 
     fn mma_source(
@@ -201,8 +295,10 @@ impl Lowerer<'_> {
         Ok(Source::Regs(regs, lin))
     }
 
-    /// The four packed registers of A for m-tile `mi` at k-step `s`.
-    fn a_fragment(
+    /// The four packed registers of A for m-tile `mi` at k-step `s` (for a staged,
+    /// untransposed operand: one `ldmatrix.x4` of rows `mi * 16..` and 16-byte chunks
+    /// `2s, 2s + 1`, which `mma_tf32.rs` reads for 32-bit elements too).
+    pub(super) fn a_fragment(
         &mut self,
         src: &Source,
         mi: u32,
@@ -259,9 +355,10 @@ impl Lowerer<'_> {
     }
 
     /// The B registers (two per n-tile) of n-tiles `ni` (and `ni + 1` when `pair`) at
-    /// k-step `s`.
+    /// k-step `s` (for a staged, transposed operand: `ldmatrix` of rows `ni * 8..` and
+    /// chunks `2s, 2s + 1`, which `mma_tf32.rs` reads for 32-bit elements too).
     #[allow(clippy::too_many_arguments)]
-    fn b_fragments(
+    pub(super) fn b_fragments(
         &mut self,
         src: &Source,
         ni: u32,

@@ -21,6 +21,7 @@ mod control;
 mod int_div;
 mod memory;
 mod mma;
+mod mma_tf32;
 mod pointwise_vec;
 mod reduce;
 mod scan;
@@ -200,6 +201,20 @@ pub struct Lowerer<'a> {
         ),
         Reg,
     >,
+    /// The prologue registers of a lane's element offset in a staged tile (`mma_tf32.rs`),
+    /// per (tile, row bit fields, column bit fields).
+    #[allow(clippy::type_complexity)]
+    element_offsets: HashMap<
+        (
+            crate::back::ptx::swizzle::SharedTile,
+            Vec<(u32, u32)>,
+            Vec<(u32, u32)>,
+        ),
+        Reg,
+    >,
+    /// The element addresses one TF32 `dot` has made (slot base, lane offset, XORed
+    /// constant): cleared per `dot`, whose code is straight-line.
+    tf32_addrs: HashMap<(Reg, Reg, u32), Reg>,
     /// Where the scratch buffers live (`scratch.rs`), their total bytes at the start of
     /// `kg_smem`, and the register holding `kg_smem`.
     scratch: Vec<scratch::ScratchPlacement>,
@@ -271,6 +286,8 @@ impl<'a> Lowerer<'a> {
             ws_lane0: None,
             wgmma_in_flight: false,
             lane_offsets: HashMap::new(),
+            element_offsets: HashMap::new(),
+            tf32_addrs: HashMap::new(),
             scratch,
             scratch_bytes,
             scratch_base: None,
@@ -951,14 +968,22 @@ impl<'a> Lowerer<'a> {
             Op::Gather { .. } | Op::Scatter { .. } | Op::AtomicAdd { .. } => {
                 self.lower_pointwise_mem(id)
             }
-            Op::Dot { a, b, acc } => match res.map(|r| self.asg.layout(r)) {
+            Op::Dot {
+                a,
+                b,
+                acc,
+                precision,
+            } => match res.map(|r| self.asg.layout(r)) {
                 Some(crate::back::ptx::layout::Layout::Mma(m)) => {
-                    match res.and_then(|r| self.wgmma_plan(*a, *b, r, m)) {
+                    let plan = res
+                        .filter(|_| !precision.is_tf32())
+                        .and_then(|r| self.wgmma_plan(*a, *b, r, m));
+                    match plan {
                         Some(plan) => self.lower_wgmma(id, *acc, plan),
-                        None => self.lower_mma(id, *a, *b, *acc, m),
+                        None => self.lower_mma(id, *a, *b, *acc, *precision, m),
                     }
                 }
-                _ => self.lower_dot(id, *a, *b, *acc),
+                _ => self.lower_dot(id, *a, *b, *acc, *precision),
             },
             Op::ClusterGather { .. } => self.lower_cluster_gathers(&[id]),
             Op::ScratchLoad { buf, .. } if self.is_shared(*buf) => self.lower_shared_load(id),

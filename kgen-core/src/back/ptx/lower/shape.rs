@@ -483,6 +483,7 @@ impl Lowerer<'_> {
         a: ValueId,
         b: ValueId,
         acc: ValueId,
+        precision: crate::ir::InputPrecision,
     ) -> R<()> {
         let func = self.func;
         let inst = &func.insts[id];
@@ -492,6 +493,16 @@ impl Lowerer<'_> {
             .first()
             .ok_or_else(|| unsupported(span, "dot without a result"))?;
         let (sa, sb, sr) = (self.shape(a), self.shape(b), self.shape(res));
+        if precision.is_tf32() && self.dtype(a) != DType::F32 {
+            return Err(unsupported(
+                span,
+                format!(
+                    "a dot with input_precision {} of {} operands",
+                    precision.name(),
+                    self.dtype(a)
+                ),
+            ));
+        }
         if sa.len() != 2
             || sb.len() != 2
             || sr.len() != 2
@@ -588,6 +599,30 @@ impl Lowerer<'_> {
                 )
             })
             .collect();
+        // A TF32 dot rounds each operand element as the tensor cores' path does
+        // (`cvt.rna.tf32.f32`; `tf32x3` also keeps the rounded remainder), so the products
+        // are the interpreter's, whichever unit computes them.
+        let x3 = precision == crate::ir::InputPrecision::Tf32x3;
+        let split = |l: &mut Self, v: Vec<Reg>| -> (Vec<Reg>, Vec<Reg>) {
+            if !precision.is_tf32() {
+                return (v, Vec::new());
+            }
+            let hi: Vec<Reg> = v.iter().map(|&x| l.round_tf32(x)).collect();
+            let lo = if x3 {
+                v.iter()
+                    .zip(&hi)
+                    .map(|(&x, &h)| {
+                        let d = l.op1(RegClass::F32, "sub.rn.f32", vec![x.into(), h.into()]);
+                        l.round_tf32(d)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            (hi, lo)
+        };
+        let (av, av_lo) = split(self, av);
+        let (bv, bv_lo) = split(self, bv);
         for (r, &acc_r) in accs.iter().enumerate() {
             let c = lin.reg_coord(r);
             let ai = ms
@@ -597,6 +632,17 @@ impl Lowerer<'_> {
                 .binary_search(&c[1])
                 .map_err(|_| unsupported(span, "dot layout"))?;
             let opc = if float { "fma.rn.f32" } else { "mad.lo.s32" };
+            if let (Some(&al), Some(&bl)) = (av_lo.get(ai), bv_lo.get(bi)) {
+                // The small products first, as the interpreter and the tensor cores.
+                self.emit(
+                    opc,
+                    vec![acc_r.into(), al.into(), bv[bi].into(), acc_r.into()],
+                );
+                self.emit(
+                    opc,
+                    vec![acc_r.into(), av[ai].into(), bl.into(), acc_r.into()],
+                );
+            }
             self.emit(
                 opc,
                 vec![acc_r.into(), av[ai].into(), bv[bi].into(), acc_r.into()],

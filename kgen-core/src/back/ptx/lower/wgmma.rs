@@ -132,6 +132,9 @@ impl Lowerer<'_> {
             let crate::back::ptx::layout::Layout::Mma(m) = self.asg.layout(r) else {
                 return false;
             };
+            if !matches!(self.dtype(*a), DType::F16 | DType::BF16) {
+                return false; // a TF32 dot: mma.sync
+            }
             let lin = self.lin(r);
             let k = self.shape(*a).get(1).copied().unwrap_or(0);
             crate::back::ptx::mma_layout::wgmma_grid(
