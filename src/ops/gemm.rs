@@ -10,9 +10,9 @@
 //! [`candidates`]; `KGEN_AUTOTUNE=0` takes the first.
 
 use super::plan::PlanKey;
-use super::{dtype_err, shape_err, OpError, Ops};
+use super::{dtype_err, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{Arg, Tensor};
+use kgen_runtime::Tensor;
 
 /// The epilogue activation (`gemm.kg`'s `ACT`), applied after the bias in f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -206,7 +206,6 @@ impl Ops {
             }
         };
         let key = PlanKey::new(OP)
-            .tensors(&[&sa, &sb, bias_t, c])
             .word(ta as u64 | (tb as u64) << 1 | (bias.is_some() as u64) << 2)
             .word(act.code() as u64);
         let copyable = |t: &Tensor| kgen_runtime::tensor_alignment(t) >= 4;
@@ -227,12 +226,11 @@ impl Ops {
                 ("ACT", act.code().to_string()),
             ]
         };
-        let args = [
-            Arg::from(&sa),
-            Arg::from(&sb),
-            Arg::from(bias_t),
-            Arg::from(c),
-        ];
+        let args = KernelArgs::new()
+            .tensor("a", &sa)
+            .tensor("b", &sb)
+            .tensor("bias", bias_t)
+            .tensor("c", c);
         self.launch_planned(
             key,
             &args,
@@ -247,7 +245,7 @@ impl Ops {
                     Some(cfg.warps),
                     None,
                     Some(cfg.stages),
-                    &[("a", &sa), ("b", &sb), ("bias", bias_t), ("c", c)],
+                    &args,
                 )?;
                 let tiles = m.div_ceil(cfg.bm as usize) * n.div_ceil(cfg.bn as usize);
                 let grid = [

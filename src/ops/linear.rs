@@ -3,9 +3,9 @@
 //! each operand has a contiguous dimension; f32 (exact FMA, as `dot` promises) and other
 //! strides use the strided `kernels-src/matmul.kg` on CUDA cores.
 
-use super::{dtype_err, float_dtype, shape_err, OpError, Ops};
+use super::{dtype_err, float_dtype, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{grid_2d, Arg, Tensor};
+use kgen_runtime::{grid_2d, Tensor};
 
 const BM: usize = 32;
 const BN: usize = 32;
@@ -66,17 +66,11 @@ impl Ops {
                 ),
             ));
         }
-        let kern = self.kernel(
-            "matmul",
-            "matmul",
-            &[("T", t.to_string())],
-            None,
-            &[("a", a), ("b", b), ("c", c)],
-        )?;
-        self.launch(
-            &kern,
-            grid_2d(m, BM, n, BN)?,
-            &[Arg::from(a), Arg::from(b), Arg::from(c)],
-        )
+        let args = KernelArgs::new()
+            .tensor("a", a)
+            .tensor("b", b)
+            .tensor("c", c);
+        let kern = self.kernel("matmul", "matmul", &[("T", t.to_string())], None, &args)?;
+        self.launch_args(&kern, grid_2d(m, BM, n, BN)?, &args)
     }
 }
