@@ -4,8 +4,11 @@
 //! Operands: `a [M, K]` and `b [K, N]` may be row-major or transposed views (strides
 //! `[1, ld]`, e.g. `x.transpose(0, 1)` for a weight gradient `x.T @ dy`): the kernel
 //! reads the transposed storage and the tensor cores take the transpose for free
-//! (`ldmatrix.trans`), so no operand is copied. Other strides (neither dimension
-//! contiguous) and a non-contiguous `c` go to the strided `matmul.kg`.
+//! (`ldmatrix.trans`), so no operand is copied. A transposed `c` (no bias) is computed
+//! as `c.T = b.T @ a.T`. Other strides (neither dimension contiguous) go to the strided
+//! `matmul.kg` (without a bias or an activation; with them, a typed error).
+//! `gemm_impl` also writes the pre-activation `a @ b + bias` when asked (`PREACT`: a
+//! linear layer's forward for its backward, `ops/linear.rs`).
 //! The configuration (tile sizes, warps, pipeline depth) is autotuned per shape among
 //! [`candidates`]; `KGEN_AUTOTUNE=0` takes the first.
 
@@ -26,7 +29,8 @@ pub enum Activation {
 }
 
 impl Activation {
-    fn code(self) -> u32 {
+    /// The `ACT` code of `gemm.kg` and `linear_bwd.kg`.
+    pub(crate) fn code(self) -> u32 {
         match self {
             Activation::None => 0,
             Activation::Relu => 1,
@@ -140,31 +144,49 @@ impl Ops {
         act: Activation,
         c: &Tensor,
     ) -> Result<(), OpError> {
-        const OP: &str = "gemm";
+        self.gemm_impl("gemm", a, b, bias, act, c, None)
+    }
+
+    /// [`Ops::gemm_into`] that also writes the pre-activation `z = a @ b + bias` (rounded
+    /// to T) into an existing `[M, N]` tensor, from the same accumulator in the same
+    /// launch (`gemm.kg`'s `PREACT`): what a layer's backward needs for `act'(z)`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_impl(
+        &self,
+        op: &'static str,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        act: Activation,
+        c: &Tensor,
+        z: Option<&Tensor>,
+    ) -> Result<(), OpError> {
         let t = a.dtype();
         if !matches!(t, DType::F16 | DType::BF16) {
-            return Err(dtype_err(OP, format!("f16 or bf16 operands, not {t}")));
+            return Err(dtype_err(op, format!("f16 or bf16 operands, not {t}")));
         }
-        if b.dtype() != t || c.dtype() != t || bias.is_some_and(|x| x.dtype() != t) {
+        let same = |x: &Tensor| x.dtype() == t;
+        if !same(b) || !same(c) || !bias.is_none_or(same) || !z.is_none_or(same) {
             return Err(dtype_err(
-                OP,
+                op,
                 format!(
-                    "operands must share a dtype: a {t}, b {}, c {}{}",
+                    "operands must share a dtype: a {t}, b {}, c {}{}{}",
                     b.dtype(),
                     c.dtype(),
                     bias.map(|x| format!(", bias {}", x.dtype()))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    z.map(|x| format!(", z {}", x.dtype())).unwrap_or_default()
                 ),
             ));
         }
         if a.rank() != 2 || b.rank() != 2 || c.rank() != 2 {
-            return Err(shape_err(OP, "a, b and c must be 2-D"));
+            return Err(shape_err(op, "a, b and c must be 2-D"));
         }
         let (m, k) = (a.shape()[0], a.shape()[1]);
         let n = b.shape()[1];
         if b.shape()[0] != k || c.shape() != [m, n] {
             return Err(shape_err(
-                OP,
+                op,
                 format!(
                     "{:?} @ {:?} -> {:?} does not fit",
                     a.shape(),
@@ -176,37 +198,69 @@ impl Ops {
         if let Some(x) = bias {
             if x.shape() != [n] {
                 return Err(shape_err(
-                    OP,
+                    op,
                     format!("bias {:?} for {n} columns", x.shape()),
+                ));
+            }
+        }
+        if let Some(z) = z {
+            if z.shape() != [m, n] {
+                return Err(shape_err(
+                    op,
+                    format!("z {:?} for a [{m}, {n}] result", z.shape()),
                 ));
             }
         }
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let c_ok = c.strides()[1] == 1 || n == 1;
+        let row_major = |x: &Tensor| x.strides()[1] == 1 || n == 1;
+        let col_major = |x: &Tensor| x.strides()[0] == 1 || m == 1;
+        if !row_major(c) && col_major(c) && bias.is_none() && z.is_none_or(col_major) {
+            // A transposed c (e.g. the gradient of a weight stored [in, out]):
+            // c.T = b.T @ a.T, whose rows the kernel writes (the activation is
+            // element-wise; a bias would run along c.T's rows, which the kernel has not).
+            let zt = z.map(|z| z.transpose(0, 1)).transpose()?;
+            return self.gemm_impl(
+                op,
+                &b.transpose(0, 1)?,
+                &a.transpose(0, 1)?,
+                None,
+                act,
+                &c.transpose(0, 1)?,
+                zt.as_ref(),
+            );
+        }
+        let c_ok = row_major(c) && z.is_none_or(row_major);
         let bias_ok = bias.is_none_or(|x| x.strides()[0] == 1 || n == 1);
         let (Some((sa, ta)), Some((sb, tb)), true, true) = (storage(a), storage(b), c_ok, bias_ok)
         else {
-            if bias.is_none() && act == Activation::None {
+            if bias.is_none() && act == Activation::None && z.is_none() {
                 return self.matmul_fma_into(a, b, c);
             }
             return Err(shape_err(
-                OP,
-                "operands need one contiguous dimension, c and bias a contiguous last one",
+                op,
+                "operands need one contiguous dimension, c, z and bias a contiguous last one",
             ));
         };
-        // Without a bias the kernel reads none: any contiguous one-element view will do.
-        let dummy;
+        // Without a bias the kernel reads none, without PREACT it writes no z: any
+        // one-element row of a (m >= 1 here), and a itself, will do.
+        let dummy_bias;
         let bias_t = match bias {
             Some(x) => x,
             None => {
-                dummy = sa.flatten()?.narrow(0, 0, 1)?;
-                &dummy
+                dummy_bias = a.select(0, 0)?.narrow(0, 0, k.min(1))?;
+                &dummy_bias
             }
         };
-        let key = PlanKey::new(OP)
-            .word(ta as u64 | (tb as u64) << 1 | (bias.is_some() as u64) << 2)
+        let z_t = z.unwrap_or(&sa);
+        let key = PlanKey::new(op)
+            .word(
+                ta as u64
+                    | (tb as u64) << 1
+                    | (bias.is_some() as u64) << 2
+                    | (z.is_some() as u64) << 3,
+            )
             .word(act.code() as u64);
         let copyable = |t: &Tensor| kgen_runtime::tensor_alignment(t) >= 4;
         let cands = if copyable(&sa) && copyable(&sb) {
@@ -224,17 +278,24 @@ impl Ops {
                 ("TRANS_B", tb.to_string()),
                 ("BIAS", bias.is_some().to_string()),
                 ("ACT", act.code().to_string()),
+                ("PREACT", z.is_some().to_string()),
             ]
         };
         let args = KernelArgs::new()
             .tensor("a", &sa)
             .tensor("b", &sb)
             .tensor("bias", bias_t)
-            .tensor("c", c);
+            .tensor("c", c)
+            .tensor("z", z_t);
         self.launch_planned(
             key,
             &args,
-            || format!("{t} {m}x{n}x{k} ta={ta} tb={tb}"),
+            || {
+                format!(
+                    "{t} {m}x{n}x{k} ta={ta} tb={tb}{}",
+                    if z.is_some() { " preact" } else { "" }
+                )
+            },
             || cands.iter().map(GemmConfig::label).collect(),
             |i| {
                 let cfg = cands[i];
@@ -249,7 +310,7 @@ impl Ops {
                 )?;
                 let tiles = m.div_ceil(cfg.bm as usize) * n.div_ceil(cfg.bn as usize);
                 let grid = [
-                    u32::try_from(tiles).map_err(|_| shape_err(OP, "too many tiles"))?,
+                    u32::try_from(tiles).map_err(|_| shape_err(op, "too many tiles"))?,
                     1,
                     1,
                 ];
