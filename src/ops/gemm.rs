@@ -59,8 +59,9 @@ impl GemmConfig {
     }
 }
 
-/// The tuner's candidates for operands whose rows allow `cp.async` copies (4-byte
-/// aligned or better), the default first; [`unaligned_candidates`] for the others.
+/// The tuner's candidates for operands whose rows are 16-byte aligned, the default
+/// first; [`narrow_candidates`] for 8- or 4-byte aligned rows, [`unaligned_candidates`]
+/// for the others.
 pub fn candidates() -> Vec<GemmConfig> {
     let c = |bm, bn, bk, warps, stages| GemmConfig {
         bm,
@@ -85,6 +86,36 @@ pub fn candidates() -> Vec<GemmConfig> {
     ]
 }
 
+/// Candidates for operands whose rows allow `cp.async` copies but not all of them in
+/// 16-byte pieces (8- or 4-byte aligned rows: `cp.async.ca` of 8 or 4 bytes, more
+/// copies and addresses per stage): at most 64 accumulator elements per thread and
+/// BK 32. With these rows every 128-per-thread tile of [`candidates`] spilled, 4 to 656
+/// bytes, in some orientation on sm_80 or sm_90a (and the 64-wide BK ones 8 to 200
+/// bytes); these do not, for every orientation, epilogue and alignment of c (ptxas
+/// 13.0; `tests/no_spills.rs` covers the classes through `ops::launchable`).
+pub fn narrow_candidates() -> Vec<GemmConfig> {
+    let c = |bm, bn, bk, warps, stages| GemmConfig {
+        bm,
+        bn,
+        bk,
+        warps,
+        stages,
+    };
+    vec![
+        c(128, 128, 32, 8, 3),
+        c(128, 128, 32, 8, 4),
+        c(64, 128, 32, 4, 4),
+        c(128, 64, 32, 4, 3),
+        c(64, 64, 32, 4, 3),
+    ]
+}
+
+/// Whether `cfg` spills reading a transposed a (TRANS_A) with 16-byte aligned rows:
+/// 128 x 128 x 64 at 4 warps, 4 bytes on sm_80 (ptxas 13.0).
+fn spills_with_trans_a(cfg: &GemmConfig) -> bool {
+    (cfg.bm, cfg.bn, cfg.bk, cfg.warps) == (128, 128, 64, 4)
+}
+
 /// Candidates for operands whose rows are only 2-byte aligned (an odd K or N in f16/
 /// bf16): their tiles are copied element by element (`ld.global` + `st.shared`), which
 /// holds each element in a register on its way, so the tiles are smaller (measured: the
@@ -103,6 +134,37 @@ pub fn unaligned_candidates() -> Vec<GemmConfig> {
         c(64, 128, 32, 8, 3),
         c(128, 64, 32, 8, 3),
     ]
+}
+
+/// The most accumulator elements per thread of an epilogue that also writes the
+/// pre-activation (`PREACT`): the f32 accumulator and the 16-bit tile being stored are
+/// live together, so a 128 x 128 tile at 4 warps (128 per thread) needs about 274
+/// registers (over the 216 the compiler allows); at 8 warps about 146.
+const PREACT_MAX_PER_THREAD: u32 = 64;
+
+/// `cands` for an epilogue that also writes the pre-activation: the ones within
+/// [`PREACT_MAX_PER_THREAD`], the first 8-warp 128 x 128 tile (wgmma on sm_90a) moved to
+/// the front, and 128 x 128 x 32 at 8 warps when the list has no such tile.
+pub fn preact_candidates(cands: &[GemmConfig]) -> Vec<GemmConfig> {
+    let fits = |c: &GemmConfig| c.bm * c.bn / (32 * c.warps) <= PREACT_MAX_PER_THREAD;
+    let mut v: Vec<GemmConfig> = cands.iter().copied().filter(fits).collect();
+    let wide = |c: &GemmConfig| (c.bm, c.bn, c.warps) == (128, 128, 8);
+    if let Some(i) = v.iter().position(wide) {
+        let c = v.remove(i);
+        v.insert(0, c);
+    } else {
+        v.insert(
+            0,
+            GemmConfig {
+                bm: 128,
+                bn: 128,
+                bk: 32,
+                warps: 8,
+                stages: 3,
+            },
+        );
+    }
+    v
 }
 
 /// How an operand is passed: its row-major storage and whether that is the transpose.
@@ -262,12 +324,18 @@ impl Ops {
                     | (z.is_some() as u64) << 3,
             )
             .word(act.code() as u64);
-        let copyable = |t: &Tensor| kgen_runtime::tensor_alignment(t) >= 4;
-        let cands = if copyable(&sa) && copyable(&sb) {
-            candidates()
-        } else {
-            unaligned_candidates()
+        let align = kgen_runtime::tensor_alignment(&sa).min(kgen_runtime::tensor_alignment(&sb));
+        let mut cands = match align {
+            16.. => candidates(),
+            4.. => narrow_candidates(),
+            _ => unaligned_candidates(),
         };
+        if ta {
+            cands.retain(|c| !spills_with_trans_a(c));
+        }
+        if z.is_some() {
+            cands = preact_candidates(&cands);
+        }
         let defines = |cfg: &GemmConfig| -> Vec<(&'static str, String)> {
             vec![
                 ("T", t.to_string()),
@@ -317,5 +385,40 @@ impl Ops {
                 Ok((kern, grid))
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pre-activation's candidates keep to 64 accumulator elements per thread,
+    /// 8-warp 128 x 128 tiles first.
+    #[test]
+    fn preact_candidates_fit_their_epilogue() {
+        for list in [candidates(), unaligned_candidates()] {
+            let p = preact_candidates(&list);
+            assert!(!p.is_empty());
+            assert_eq!((p[0].bm, p[0].bn, p[0].warps), (128, 128, 8));
+            for c in &p {
+                assert!(
+                    c.bm * c.bn / (32 * c.warps) <= PREACT_MAX_PER_THREAD,
+                    "{c:?}"
+                );
+            }
+        }
+        assert_eq!(preact_candidates(&candidates()).len(), 3);
+    }
+
+    /// Every list's tiles hold at most 128 accumulator elements per thread, the narrow
+    /// and unaligned ones at most 64 with BK 32.
+    #[test]
+    fn candidate_lists_keep_their_register_budgets() {
+        let per_thread = |c: &GemmConfig| c.bm * c.bn / (32 * c.warps);
+        assert!(candidates().iter().all(|c| per_thread(c) <= 128));
+        for c in narrow_candidates().iter().chain(&unaligned_candidates()) {
+            assert!(per_thread(c) <= 64 && c.bk == 32, "{c:?}");
+        }
+        assert!(candidates().iter().any(spills_with_trans_a));
     }
 }
