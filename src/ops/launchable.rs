@@ -87,6 +87,7 @@ pub fn launchable_kernels(coverage: Coverage) -> (Vec<KernelRequest>, Vec<String
                         gemm_alignments(ops, t, coverage),
                     );
                 }
+                note(format!("linear {t}"), linear(ops, t));
                 note(format!("optimizer {t}"), optimizer(ops, t));
             });
         }
@@ -276,6 +277,50 @@ fn gemm_alignments(ops: &Ops, t: DType, coverage: Coverage) -> Result<(), OpErro
                 ops.gemm_into(&a, &b, None, A::None, &c)?;
                 ops.gemm_into(&a, &b, Some(&bias), A::GeluTanh, &c)?;
                 ops.gemm_impl("gemm", &a, &b, Some(&bias), A::GeluTanh, &c, Some(&z))?;
+            }
+        }
+    }
+    // A linear layer's output whose rows are 2-byte aligned (an odd N) over aligned
+    // operands.
+    let x = rows_aligned(ops, t, 64, 16)?;
+    let w = rows_aligned(ops, t, 7, 16)?;
+    let y = tensor(ops, t, &[64, 7])?;
+    let z = tensor(ops, t, &[64, 7])?;
+    let b7 = tensor(ops, t, &[7])?;
+    ops.linear_into(&x, &w, Some(&b7), A::GeluTanh, &y)?;
+    ops.linear_with_preact_into(&x, &w, Some(&b7), A::GeluTanh, &y, &z)?;
+    Ok(())
+}
+
+/// Linear layers: the forward with the saved pre-activation (the GEMM's PREACT
+/// epilogue: GELU with a bias, the heaviest, and SiLU without) on rows 16-byte and
+/// 2-byte aligned; the backward for every activation, with and without the bias
+/// gradient, over rows of 1 and 4097 and widths that reach every `linear_bwd` tile
+/// (BLOCK 8 to 512) in every alignment class, and its GEMMs (dx = dz @ w; dw = dz.T @ x
+/// reading dz transposed, odd widths included).
+fn linear(ops: &Ops, t: DType) -> Result<(), OpError> {
+    use super::gemm::Activation as A;
+    let half = matches!(t, DType::F16 | DType::BF16);
+    if half {
+        for k in [64usize, 63] {
+            let x = tensor(ops, t, &[33, k])?;
+            let w = tensor(ops, t, &[40, k])?;
+            let b = tensor(ops, t, &[40])?;
+            ops.linear_with_preact(&x, &w, Some(&b), A::GeluTanh)?;
+            ops.linear_with_preact(&x, &w, None, A::Silu)?;
+        }
+    }
+    for n in [1usize, 7, 100, 1000, 4097] {
+        for m in [1usize, 4097] {
+            let k = 24;
+            let x = tensor(ops, t, &[m, k])?;
+            let w = tensor(ops, t, &[n, k])?;
+            let dy = tensor(ops, t, &[m, n])?;
+            for act in [A::None, A::Relu, A::GeluTanh, A::Silu] {
+                for db in [false, true] {
+                    let z = (act != A::None).then_some(&dy);
+                    ops.linear_backward(&dy, &x, &w, z, act, db)?;
+                }
             }
         }
     }

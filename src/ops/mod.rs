@@ -17,7 +17,9 @@
 //! ```
 //!
 //! Files: `norm` (RMSNorm, LayerNorm fwd/bwd), `act` (SwiGLU, ReLU fwd/bwd), `rope`,
-//! `loss` (softmax, cross-entropy), `linear` (matmul), and [`crate::optim`] (AdamW,
+//! `loss` (softmax, cross-entropy), `gemm` (the tensor-core GEMM with its fused
+//! epilogue), `linear` (linear layers forward and backward, matmul), `args` (a launch's
+//! arguments, spelled once), and [`crate::optim`] (AdamW,
 //! gradient norm and clipping); `plan` (the tuner's choice per shape, and the launch
 //! remembered per call signature); `launchable` (every kernel the ops can ask for).
 //! [`checks`] holds the self-checks against float64 references (test code: nothing else

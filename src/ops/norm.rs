@@ -244,7 +244,7 @@ const MAX_TWO_ROW_BLOCK: usize = 4096;
 /// (BLOCK, ROWS) of the dw/db column-sum kernels: BLOCK columns per block, enough blocks
 /// to cover the SMs where the row allows; ROWS partial rows per step, so that a step
 /// loads about 4096 elements (few serial steps even for a large G).
-fn colsum_tile(cols: usize, sms: usize, min_rows: usize) -> (usize, usize) {
+pub(crate) fn colsum_tile(cols: usize, sms: usize, min_rows: usize) -> (usize, usize) {
     let block = if cols >= 128 * sms {
         128
     } else if cols >= 64 * sms {
