@@ -4,7 +4,8 @@
 What it does: on the current CUDA GPU, times each bandwidth-bound workload of ANCHORS
 (AdamW, RMSNorm, LayerNorm, SwiGLU, RoPE, softmax, cross-entropy, grad norm / clipping),
 the device-to-device copy ceiling (a 1 GiB `copy_`), bf16 GEMM through torch.matmul
-(the cuBLAS peer) and Muon's Newton-Schulz iteration, once per peer (eager,
+(the cuBLAS peer), fp16 linear layers (F.linear with a bias, forward, and its autograd
+backward) and Muon's Newton-Schulz iteration, once per peer (eager,
 torch.compile, AdamW fused / foreach, ...). Prints a table and, with --json FILE, writes
 a list of records {workload, shape, dtype, peer, median_us, gbps, bytes, ...} that
 `kgen bench` reads to print kgen and torch side by side.
@@ -123,6 +124,24 @@ def _gemm(m, n, k):
         ("cublas",), "gemm", {"m": m, "n": n, "k": k}, flops=2 * m * n * k)
 
 
+def _linear(m, n, k, bwd):
+    """fp16 F.linear(x [M,K], w [N,K], b [N]) with autograd: the forward with the bias,
+    or the backward alone (dx, dw, db from a saved graph)."""
+    stage = "bwd" if bwd else "fwd"
+    if bwd:
+        floor = 2 * (m * n + 2 * m * k + 2 * n * k + n)
+        formula = ("2*(M*N + 2*M*K + 2*N*K + N): read dy[M,N], x[M,K], w[N,K] once, write "
+                   "dx[M,K], dw[N,K], db[N] once (fp16; see tflops: flops = 4*M*N*K)")
+    else:
+        floor = 2 * (m * k + n * k + n + m * n)
+        formula = ("2*(M*K + N*K + N + M*N): read x[M,K], w[N,K], b[N] once, write y[M,N] "
+                   "once (fp16; see tflops: flops = 2*M*N*K)")
+    return Workload(
+        f"linear_{stage}_fp16_{m}x{n}x{k}", f"M={m} N={n} K={k}", "fp16", floor, formula,
+        ("eager",), "linear", {"m": m, "n": n, "k": k, "bwd": bwd},
+        flops=(4 if bwd else 2) * m * n * k)
+
+
 def _newton_schulz(rows, cols, steps=5):
     m, n = min(rows, cols), max(rows, cols)
     return Workload(
@@ -210,9 +229,13 @@ def _workloads() -> list[Workload]:
         4 * GPT2_NUMEL, "4*N: read g once (fp32)",
         ("per_tensor_stack", "foreach"), "grad_norm", {}))
     # Tensor-core work.
+    # (16384, 50304, 768): a GPT-2-sized LM head (16384 tokens, the padded vocabulary).
     for m, n_, k in ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
-                     (16384, 4096, 4096), (4096, 11008, 4096)):
+                     (16384, 4096, 4096), (4096, 11008, 4096), (16384, 50304, 768)):
         w.append(_gemm(m, n_, k))
+    for size in (2048, 4096, 8192):
+        for bwd in (False, True):
+            w.append(_linear(size, size, size, bwd))
     for rows, cols in ((4096, 4096), (2048, 2048), (1024, 1024), (768, 3072)):
         w.append(_newton_schulz(rows, cols))
     return w
@@ -470,6 +493,24 @@ def build_gemm(torch, w, peer):
     return lambda: torch.matmul(a, b)
 
 
+def build_linear(torch, w, peer):
+    """F.linear with autograd, fp16, bias included: the forward (inputs requiring grad,
+    as in training), or the backward alone: one forward builds the graph, the timed call
+    is torch.autograd.grad of it (dx, dw, db) with retain_graph, so no forward is timed."""
+    if peer != "eager":
+        raise ValueError(f"unknown peer {peer}")
+    F = torch.nn.functional
+    m, n, k = w.args["m"], w.args["n"], w.args["k"]
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16, requires_grad=True)
+    wt = torch.randn(n, k, device="cuda", dtype=torch.float16, requires_grad=True)
+    b = torch.randn(n, device="cuda", dtype=torch.float16, requires_grad=True)
+    if not w.args["bwd"]:
+        return lambda: F.linear(x, wt, b)
+    y = F.linear(x, wt, b)
+    dy = torch.randn_like(y)
+    return lambda: torch.autograd.grad(y, (x, wt, b), dy, retain_graph=True)
+
+
 def newton_schulz5(torch, G, steps=5, coeffs=(3.4445, -4.7750, 2.0315)):
     """Muon's quintic Newton-Schulz orthogonalization (Keller Jordan's reference)."""
     a, b, c = coeffs
@@ -498,7 +539,7 @@ BUILDERS = {
     "add_rmsnorm": build_add_rmsnorm,
     "rope": build_rope, "softmax": build_softmax, "cross_entropy": build_cross_entropy,
     "clip_grad_norm": build_clip_grad_norm, "grad_norm": build_grad_norm,
-    "gemm": build_gemm, "newton_schulz": build_newton_schulz,
+    "gemm": build_gemm, "newton_schulz": build_newton_schulz, "linear": build_linear,
 }
 
 
@@ -633,7 +674,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
     ap.add_argument("--filter", metavar="SUBSTR", action="append", default=[],
                     help="run only 'workload:peer' strings containing SUBSTR "
-                         "(repeatable; any match). copy_d2d_1GiB always runs.")
+                         "(repeatable or comma-separated; any match). copy_d2d_1GiB "
+                         "always runs.")
     ap.add_argument("--quick", action="store_true",
                     help="fewer reps: median of >= 20 runs and ~20 ms per peer")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile peers")
@@ -656,11 +698,14 @@ def main(argv=None) -> int:
         print(markdown_table())
         return 0
 
+    # --filter a,b is --filter a --filter b (as kgen bench reads its --filter).
+    filters = [p for f in a.filter for p in f.split(",") if p.strip()]
+
     def selected(w, peer):
         if a.no_compile and peer == "compile":
             return False
         key = f"{w.name}:{peer}"
-        return w.kind == "copy" or not a.filter or any(f in key for f in a.filter)
+        return w.kind == "copy" or not filters or any(f.strip() in key for f in filters)
 
     plan = [(w, p) for w in WORKLOADS for p in w.peers if selected(w, p)]
     if a.list:

@@ -1,11 +1,14 @@
 //! The end-to-end training demo (the README's main job): a small transformer-style MLP
 //! block trained with kgen ops only, forward and backward, on the GPU or the interpreter.
 //!
-//! Model (f32 parameters): `h = rmsnorm(x) · w_norm`, `u = h @ W_in` (`[gate | up]`,
-//! concatenated), `a = silu(gate) · up`, `logits = a @ W_out`, loss = mean cross-entropy
-//! over the non-ignored targets. Backward by hand with the ops' backward kernels; the
-//! gradients land directly in the optimizer's flat gradient buffer (each parameter's
-//! gradient is a view of it). Then `clip_grad_norm_` (on the device) and one fused AdamW
+//! Model (f32 parameters): `h = rmsnorm(x) · w_norm`, `u = linear(h, W_in)` (`[gate |
+//! up]`, concatenated), `a = silu(gate) · up`, `logits = linear(a, W_out)`, loss = mean
+//! cross-entropy over the non-ignored targets. The weights are stored `[in, out]` and
+//! passed to `Ops::linear` / `Ops::linear_backward` as their transposes (torch's
+//! `[out, in]` layout, free views). Backward by hand with the ops' backward kernels;
+//! the gradients land directly in the optimizer's flat gradient buffer (each
+//! parameter's gradient is a view of it: a weight's gradient is written through the
+//! same transposed view). Then `clip_grad_norm_` (on the device) and one fused AdamW
 //! launch for all parameters, two parameter groups (matrices with weight decay, the norm
 //! weight without).
 //!
@@ -14,6 +17,7 @@
 //! means the model learns the teacher, not the batch.
 
 use crate::cases::Rng;
+use crate::ops::gemm::Activation;
 use crate::ops::{OpError, Ops};
 use crate::optim::{AdamW, ParamGroup};
 use kgen_core::types::DType;
@@ -160,6 +164,9 @@ pub fn train(
     let mut opt = AdamW::new(&ops, DType::F32, DType::F32, groups)?;
     let (w_in, w_out, w_norm) = (opt.param(0, 0), opt.param(0, 1), opt.param(1, 0));
     let (g_in, g_out, g_norm) = (opt.grad(0, 0), opt.grad(0, 1), opt.grad(1, 0));
+    // The linear layers' weights and their gradients in torch's [out, in] layout: views.
+    let (lin_in, lin_out) = (w_in.transpose(0, 1)?, w_out.transpose(0, 1)?);
+    let (dlin_in, dlin_out) = (g_in.transpose(0, 1)?, g_out.transpose(0, 1)?);
     // Init: N(0, 1/fan_in) matrices, ones for the norm weight.
     let init = |rows: usize, cols: usize, rng: &mut Rng| -> Vec<f64> {
         let s = 1.0 / (rows as f64).sqrt();
@@ -202,9 +209,9 @@ pub fn train(
         let batch = batch(device, &mut rng, &teacher, cfg)?;
         // Forward.
         ops.rmsnorm_into(&batch.x, &w_norm, &h, &rstd, 1e-6)?;
-        ops.matmul_into(&h, &w_in, &u)?;
+        ops.linear_into(&h, &lin_in, None, Activation::None, &u)?;
         ops.swiglu_concat_into(&u, &a)?;
-        ops.matmul_into(&a, &w_out, &logits)?;
+        ops.linear_into(&a, &lin_out, None, Activation::None, &logits)?;
         ops.cross_entropy_into(
             &logits,
             &batch.targets,
@@ -215,11 +222,10 @@ pub fn train(
             &loss_stats,
         )?;
         // Backward, gradients straight into the optimizer's buffer.
-        ops.matmul_into(&a.transpose(0, 1)?, &dlogits, &g_out)?;
-        ops.matmul_into(&dlogits, &w_out.transpose(0, 1)?, &da)?;
+        let no_act = Activation::None;
+        ops.linear_backward_into(&dlogits, &a, &lin_out, None, no_act, &da, &dlin_out, None)?;
         ops.swiglu_concat_backward_into(&u, &da, &du)?;
-        ops.matmul_into(&h.transpose(0, 1)?, &du, &g_in)?;
-        ops.matmul_into(&du, &w_in.transpose(0, 1)?, &dh)?;
+        ops.linear_backward_into(&du, &h, &lin_in, None, no_act, &dh, &dlin_in, None)?;
         ops.rmsnorm_backward_into(&batch.x, &w_norm, &rstd, &dh, &dx, &g_norm)?;
         // Update.
         opt.clip_grad_norm_(&ops, 1.0)?;
@@ -237,9 +243,9 @@ pub fn train(
     // Accuracy on a fresh batch.
     let batch = batch(device, &mut rng, &teacher, cfg)?;
     ops.rmsnorm_into(&batch.x, &w_norm, &h, &rstd, 1e-6)?;
-    ops.matmul_into(&h, &w_in, &u)?;
+    ops.linear_into(&h, &lin_in, None, Activation::None, &u)?;
     ops.swiglu_concat_into(&u, &a)?;
-    ops.matmul_into(&a, &w_out, &logits)?;
+    ops.linear_into(&a, &lin_out, None, Activation::None, &logits)?;
     let z = logits.to_f64_vec()?;
     let (mut right, mut total) = (0usize, 0usize);
     for (r, &label) in batch.labels.iter().enumerate() {

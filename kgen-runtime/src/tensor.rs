@@ -145,6 +145,44 @@ fn view_err(what: String) -> RuntimeError {
     RuntimeError::InvalidView(what)
 }
 
+/// The strides of `new` over the elements of a view `(old, strides)` of the same
+/// element count, when no copy is needed: the old dimensions split into runs that are
+/// each laid out as one block (every stride the next one's times its extent, extents of
+/// 1 ignored), and the new dimensions cover those runs exactly (torch's
+/// `computeStride`). None otherwise.
+fn view_strides(old: &[usize], strides: &[usize], new: &[usize]) -> Option<Vec<usize>> {
+    if old.iter().product::<usize>() == 0 || old.is_empty() {
+        // No element (or a scalar): any strides describe it.
+        return Some(contiguous_strides(new));
+    }
+    let mut out = vec![0usize; new.len()];
+    let mut view_d = new.len() as isize - 1;
+    // The stride of the innermost dimension of the current run.
+    let mut chunk_base = strides[old.len() - 1];
+    let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
+    for d in (0..old.len()).rev() {
+        tensor_numel *= old[d];
+        // The run ends at d when d is the outermost dimension or the one before it is
+        // not laid out right outside it.
+        if d == 0 || (old[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base) {
+            while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
+                out[view_d as usize] = view_numel * chunk_base;
+                view_numel *= new[view_d as usize];
+                view_d -= 1;
+            }
+            if view_numel != tensor_numel {
+                return None;
+            }
+            if d > 0 {
+                chunk_base = strides[d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    (view_d == -1).then_some(out)
+}
+
 impl Tensor {
     /// A contiguous tensor over fresh memory (`bytes` of it, already allocated).
     pub(crate) fn new_contiguous(
@@ -342,6 +380,30 @@ impl Tensor {
             )));
         }
         Ok(self.with_view(shape.to_vec(), contiguous_strides(shape), self.offset))
+    }
+
+    /// The same elements with a new shape, as a view of the same storage without a
+    /// copy, where the strides allow one (torch's `view`): each run of dimensions that
+    /// is merged or split must be laid out as one block (e.g. `[B, S, K]` with any row
+    /// stride along S as `[B * S, K]` when B's stride is S times that). Otherwise an
+    /// `InvalidView` error naming the strides (`reshape` takes contiguous tensors only).
+    pub fn view(&self, shape: &[usize]) -> Result<Tensor, RuntimeError> {
+        let n: Option<usize> = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if n != Some(self.numel()) {
+            return Err(view_err(format!(
+                "cannot view {:?} ({} elements) as {:?}",
+                self.shape,
+                self.numel(),
+                shape
+            )));
+        }
+        match view_strides(&self.shape, &self.strides, shape) {
+            Some(strides) => Ok(self.with_view(shape.to_vec(), strides, self.offset)),
+            None => Err(view_err(format!(
+                "cannot view shape {:?} with strides {:?} as {:?} without a copy",
+                self.shape, self.strides, shape
+            ))),
+        }
     }
 
     /// A 1-D view of a contiguous tensor.

@@ -196,6 +196,61 @@ fn views_and_copies() {
     ));
 }
 
+/// `view` merges and splits dimensions without a copy where the strides allow it (the
+/// same elements as `reshape` of a contiguous copy), and refuses the others with a typed
+/// error.
+#[test]
+fn views_merge_and_split_dimensions_without_copies() {
+    let d = Device::interpreter();
+    let v: Vec<f32> = (0..120).map(|i| i as f32).collect();
+    let t = d.from_slice(&[2, 3, 20], &v).unwrap();
+    let elems = |x: &Tensor| x.to_vec::<f32>().unwrap();
+    // Contiguous: any shape of the same count.
+    for shape in [
+        &[6usize, 20][..],
+        &[120],
+        &[2, 60],
+        &[4, 5, 6],
+        &[1, 6, 1, 20],
+    ] {
+        let w = t.view(shape).unwrap();
+        assert_eq!(w.shape(), shape);
+        assert_eq!(elems(&w), v, "{shape:?}");
+    }
+    // Columns 4..11 of every row: [B, S, K] with a row stride of 20 merges to
+    // [B * S, K] (each row keeps its stride), but not to [B, S * K].
+    let cols = t.narrow(2, 4, 7).unwrap();
+    let rows = cols.view(&[6, 7]).unwrap();
+    assert_eq!(rows.strides(), &[20, 1]);
+    assert_eq!(elems(&rows), elems(&cols));
+    assert!(matches!(
+        cols.view(&[2, 21]),
+        Err(RuntimeError::InvalidView(_))
+    ));
+    // A transpose does not merge; its own 2-D shape is fine.
+    let tt = t.view(&[6, 20]).unwrap().transpose(0, 1).unwrap();
+    assert!(matches!(tt.view(&[120]), Err(RuntimeError::InvalidView(_))));
+    assert_eq!(tt.view(&[20, 6]).unwrap().strides(), &[1, 20]);
+    assert_eq!(tt.view(&[20, 1, 6]).unwrap().shape(), &[20, 1, 6]);
+    // Rows taken every other one: [3, 20] with row stride 40 splits its rows, not them
+    // into the columns.
+    let every_other = t.view(&[6, 20]).unwrap();
+    let every_other = every_other
+        .view(&[3, 40])
+        .unwrap()
+        .narrow(1, 0, 20)
+        .unwrap();
+    assert_eq!(every_other.view(&[3, 4, 5]).unwrap().strides(), &[40, 5, 1]);
+    assert!(matches!(
+        every_other.view(&[60]),
+        Err(RuntimeError::InvalidView(_))
+    ));
+    // Wrong counts are errors; empty tensors view as anything of zero elements.
+    assert!(matches!(t.view(&[7, 7]), Err(RuntimeError::InvalidView(_))));
+    let empty = t.narrow(0, 0, 0).unwrap();
+    assert_eq!(empty.view(&[0, 60]).unwrap().shape(), &[0, 60]);
+}
+
 #[test]
 fn overlap_is_exact_for_column_halves() {
     let d = Device::interpreter();

@@ -1,6 +1,9 @@
 //! The tensor-core rows of `kgen bench`: GEMM through `Ops::gemm` beside cuBLAS (called
 //! through cudarc's `cublas` feature, dynamically loaded, on the same buffers and stream,
-//! timed by the same [`Timer`]), and a probe of the `mma.sync` ceiling of the GPU.
+//! timed by the same [`Timer`]), linear layers (`Ops::linear` forward with a bias,
+//! `Ops::linear_backward` for dx, dw, db) beside the same GEMMs in cuBLAS (no bias, no
+//! db: a lower bound of the work) and, from `--peers`, torch's `F.linear` with
+//! autograd, and a probe of the `mma.sync` ceiling of the GPU.
 //!
 //! The probe is a register-only loop: each warp issues `CHAINS` independent
 //! `mma.sync.m16n8k16` bf16 → f32 per iteration on operands in registers, no memory
@@ -51,6 +54,9 @@ pub fn gemm_workloads() -> Vec<GemmWorkload> {
         w(4096, 11008, 4096, DType::BF16),
         w(16384, 4096, 4096, DType::BF16),
         w(4096, 4096, 4096, DType::F16),
+        // The LM head of a GPT-2-sized model: 16384 tokens, the padded 50304-word
+        // vocabulary, d = 768.
+        w(16384, 50304, 768, DType::BF16),
     ]
 }
 
@@ -95,40 +101,61 @@ impl Cublas {
     }
 
     fn gemm(&self, a: &Tensor, b: &Tensor, c: &Tensor, w: &GemmWorkload) -> Result<(), OpError> {
+        self.gemm_rm(a, b, c, (w.m, w.n, w.k), (false, false))
+    }
+
+    /// Row-major `c [m, n] = a @ b`, `a` stored `[m, k]` (or `[k, m]` when `ta`: a is
+    /// its transpose), `b` stored `[k, n]` (or `[n, k]` when `tb`), of one dtype (f16 or
+    /// bf16, the dtype of `c`), f32 compute: the column-major `c.T = b.T @ a.T`.
+    fn gemm_rm(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        (m, n, k): (usize, usize, usize),
+        (ta, tb): (bool, bool),
+    ) -> Result<(), OpError> {
         use cudarc::cublas::sys;
         let ptr = |t: &Tensor| {
             t.device_ptr()
                 .ok_or_else(|| cublas_err("a tensor without device memory"))
         };
         let (pa, pb, pc) = (ptr(a)?, ptr(b)?, ptr(c)?);
-        let ty = match w.dtype {
+        let ty = match c.dtype() {
             DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
             _ => sys::cudaDataType_t::CUDA_R_16F,
+        };
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let int = |x: usize| i32::try_from(x).map_err(|_| cublas_err("extent over i32"));
         // SAFETY: the pointers are live device allocations of the stated sizes (the
         // tensors outlive the call, which is ordered on their stream); the leading
-        // dimensions are the row lengths of the row-major tensors.
+        // dimensions are the row lengths of the row-major storages.
         unsafe {
             cudarc::cublas::result::gemm_ex(
                 *self.blas.handle(),
-                sys::cublasOperation_t::CUBLAS_OP_N,
-                sys::cublasOperation_t::CUBLAS_OP_N,
-                int(w.n)?,
-                int(w.m)?,
-                int(w.k)?,
+                op(tb),
+                op(ta),
+                int(n)?,
+                int(m)?,
+                int(k)?,
                 (&alpha) as *const f32 as *const _,
                 pb as *const _,
                 ty,
-                int(w.n)?,
+                int(if tb { k } else { n })?,
                 pa as *const _,
                 ty,
-                int(w.k)?,
+                int(if ta { m } else { k })?,
                 (&beta) as *const f32 as *const _,
                 pc as *mut _,
                 ty,
-                int(w.n)?,
+                int(n)?,
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
@@ -190,7 +217,11 @@ pub fn run_gemm(ops: &Ops, timer: &Timer, w: &GemmWorkload, seed: u64) -> GemmRo
 /// The largest |kgen - cuBLAS| / (|cuBLAS| + 1) over 4096 elements spread over `c`.
 fn sample_agreement(c: &Tensor, c2: &Tensor, m: usize, n: usize) -> Result<f64, OpError> {
     let (x, y) = (c.to_f64_vec()?, c2.to_f64_vec()?);
-    let total = m * n;
+    sample_agreement_of(&x, &y, m * n)
+}
+
+/// [`sample_agreement`] over host values.
+fn sample_agreement_of(x: &[f64], y: &[f64], total: usize) -> Result<f64, OpError> {
     let step = (total / 4096).max(1);
     let mut worst = 0.0f64;
     for i in (0..total).step_by(step) {
@@ -204,6 +235,209 @@ fn sample_agreement(c: &Tensor, c2: &Tensor, m: usize, n: usize) -> Result<f64, 
         worst = worst.max(e);
     }
     Ok(worst)
+}
+
+/// One linear-layer row: `y [m, n] = x [m, k] @ w.T + bias` (w `[n, k]`, torch's
+/// layout), or its backward (`dx = dy @ w`, `dw = dy.T @ x`, `db = sum of dy's rows`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearWorkload {
+    /// `linear_{fwd,bwd}_fp16_{m}x{n}x{k}`: the same names as `torch_peers.py`'s.
+    pub name: String,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub dtype: DType,
+    pub bwd: bool,
+}
+
+impl LinearWorkload {
+    /// The GEMMs' flops: one for the forward, two (dx, dw) for the backward.
+    pub fn flops(&self) -> f64 {
+        let one = 2.0 * self.m as f64 * self.n as f64 * self.k as f64;
+        if self.bwd {
+            2.0 * one
+        } else {
+            one
+        }
+    }
+}
+
+/// fp16 linear forward (with a bias) and backward (dx, dw, db) at 2048³, 4096³, 8192³.
+pub fn linear_workloads() -> Vec<LinearWorkload> {
+    let mut v = Vec::new();
+    for s in [2048usize, 4096, 8192] {
+        for bwd in [false, true] {
+            v.push(LinearWorkload {
+                name: format!(
+                    "linear_{}_fp16_{s}x{s}x{s}",
+                    if bwd { "bwd" } else { "fwd" }
+                ),
+                m: s,
+                n: s,
+                k: s,
+                dtype: DType::F16,
+                bwd,
+            });
+        }
+    }
+    v
+}
+
+/// What one linear row measured (µs medians).
+#[derive(Clone, Debug)]
+pub struct LinearRow {
+    pub w: LinearWorkload,
+    pub kgen_us: Result<f64, String>,
+    /// The same GEMMs in cuBLAS, without the bias (forward) or db (backward).
+    pub cublas_us: Result<f64, String>,
+    /// torch's peer from `--peers` (`F.linear` with autograd), when given.
+    pub torch_us: Option<f64>,
+    /// The largest |kgen - reference| / (|reference| + 1) over sampled elements of each
+    /// output, the reference from cuBLAS (y + bias on the host; dx; dw; db as dy.T @ 1).
+    pub agree: Result<f64, String>,
+}
+
+/// Times one linear row: kgen's `linear_into` / `linear_backward_into` (tuned during
+/// warm-up) and cuBLAS's GEMMs on the same random inputs, then compares the outputs.
+pub fn run_linear(ops: &Ops, timer: &Timer, w: &LinearWorkload, seed: u64) -> LinearRow {
+    let mut row = LinearRow {
+        w: w.clone(),
+        kgen_us: Err("not run".into()),
+        cublas_us: Err("not run".into()),
+        torch_us: None,
+        agree: Err("not run".into()),
+    };
+    let r = (|| -> Result<(), OpError> {
+        let d = ops.device();
+        let (m, n, k, t) = (w.m, w.n, w.k, w.dtype);
+        let normal = Fill::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        let input = |shape: &[usize], s: u64| -> Result<Tensor, OpError> {
+            let x = d.empty(t, shape)?;
+            fill(&x, normal, seed ^ s)?;
+            Ok(x)
+        };
+        let output = |shape: &[usize]| -> Result<Tensor, OpError> {
+            let x = d.empty(t, shape)?;
+            fill(&x, Fill::Nan, 0)?;
+            Ok(x)
+        };
+        let x = input(&[m, k], 1)?;
+        let wt = input(&[n, k], 2)?;
+        let stream = ops
+            .stream()
+            .cudarc()
+            .cloned()
+            .ok_or_else(|| cublas_err("no CUDA stream"))?;
+        let blas = Cublas::new(stream);
+        if !w.bwd {
+            let bias = input(&[n], 3)?;
+            let (y, y2) = (output(&[m, n])?, output(&[m, n])?);
+            row.kgen_us = timer
+                .time(&mut || ops.linear_into(&x, &wt, Some(&bias), Activation::None, &y))
+                .map(|r| r.median_us)
+                .map_err(|e| e.to_string());
+            row.cublas_us = match &blas {
+                Ok(b) => timer
+                    .time(&mut || b.gemm_rm(&x, &wt, &y2, (m, n, k), (false, true)))
+                    .map(|r| r.median_us)
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if row.cublas_us.is_ok() {
+                let (got, mut want, bv) = (y.to_f64_vec()?, y2.to_f64_vec()?, bias.to_f64_vec()?);
+                for (i, v) in want.iter_mut().enumerate() {
+                    *v += bv[i % n];
+                }
+                row.agree = sample_agreement_of(&got, &want, m * n).map_err(|e| e.to_string());
+            }
+            return Ok(());
+        }
+        let dy = input(&[m, n], 4)?;
+        let (dx, dw, db) = (output(&[m, k])?, output(&[n, k])?, output(&[n])?);
+        let (dx2, dw2, db2) = (output(&[m, k])?, output(&[n, k])?, output(&[n, 1])?);
+        row.kgen_us = timer
+            .time(&mut || {
+                ops.linear_backward_into(&dy, &x, &wt, None, Activation::None, &dx, &dw, Some(&db))
+            })
+            .map(|r| r.median_us)
+            .map_err(|e| e.to_string());
+        row.cublas_us = match &blas {
+            Ok(b) => timer
+                .time(&mut || {
+                    b.gemm_rm(&dy, &wt, &dx2, (m, k, n), (false, false))?;
+                    b.gemm_rm(&dy, &x, &dw2, (n, k, m), (true, false))
+                })
+                .map(|r| r.median_us)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let (Ok(b), true) = (&blas, row.cublas_us.is_ok()) {
+            // db's reference: dy.T @ ones.
+            let ones = d.from_f64(t, &[m, 1], &vec![1.0; m])?;
+            b.gemm_rm(&dy, &ones, &db2, (n, 1, m), (true, false))?;
+            let mut worst = 0.0f64;
+            for (got, want, total) in [(&dx, &dx2, m * k), (&dw, &dw2, n * k), (&db, &db2, n)] {
+                let e = sample_agreement_of(&got.to_f64_vec()?, &want.to_f64_vec()?, total)?;
+                worst = worst.max(e);
+            }
+            row.agree = Ok(worst);
+        }
+        Ok(())
+    })();
+    if let Err(e) = r {
+        row.kgen_us = Err(e.to_string());
+    }
+    row
+}
+
+/// The linear table: kgen, cuBLAS's GEMMs alone, torch's `F.linear` (from `--peers`),
+/// kgen against each, and the agreement.
+pub fn format_linear_table(rows: &[LinearRow]) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{:<32} {:>10} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9}\n",
+        "workload", "kgen us", "TF/s", "cuBLAS us", "torch us", "vs cuBLAS", "vs torch", "agree"
+    ));
+    for r in rows {
+        let us = |x: &Result<f64, String>| match x {
+            Ok(v) => format!("{v:.1}"),
+            Err(_) => "ERROR".into(),
+        };
+        let tf = r
+            .kgen_us
+            .as_ref()
+            .ok()
+            .map(|t| format!("{:.0}", r.w.flops() / (t * 1e-6) / 1e12))
+            .unwrap_or("-".into());
+        let ratio = |other: Option<f64>| match (r.kgen_us.as_ref().ok(), other) {
+            (Some(k), Some(o)) => format!("{:.2}x", o / k),
+            _ => "-".into(),
+        };
+        let agree = match &r.agree {
+            Ok(e) => format!("{e:.1e}"),
+            Err(_) => "-".into(),
+        };
+        s.push_str(&format!(
+            "{:<32} {:>10} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9}\n",
+            r.w.name,
+            us(&r.kgen_us),
+            tf,
+            us(&r.cublas_us),
+            r.torch_us.map_or("-".into(), |t| format!("{t:.1}")),
+            ratio(r.cublas_us.as_ref().ok().copied()),
+            ratio(r.torch_us),
+            agree
+        ));
+        for (who, e) in [("kgen", &r.kgen_us), ("cuBLAS", &r.cublas_us)] {
+            if let Err(e) = e {
+                s.push_str(&format!("  {who}: {e}\n"));
+            }
+        }
+    }
+    s
 }
 
 /// Independent accumulator chains per warp in the ceiling probe.
@@ -394,8 +628,44 @@ mod tests {
     #[test]
     fn workloads_are_the_issue_s_shapes() {
         let w = gemm_workloads();
-        assert_eq!(w.len(), 6);
+        assert_eq!(w.len(), 7);
         assert!(w.iter().any(|x| x.name == "gemm_bf16_4096x11008x4096"));
+        assert!(w
+            .iter()
+            .any(|x| x.name == "gemm_bf16_16384x50304x768" && x.dtype == DType::BF16));
         assert_eq!(w[1].flops(), 2.0 * 4096f64.powi(3));
+        let l = linear_workloads();
+        assert_eq!(l.len(), 6);
+        assert_eq!(l[0].name, "linear_fwd_fp16_2048x2048x2048");
+        assert_eq!(l[5].name, "linear_bwd_fp16_8192x8192x8192");
+        assert_eq!(l[5].flops(), 4.0 * 8192f64.powi(3));
+        assert!(l.iter().all(|x| x.dtype == DType::F16));
+    }
+
+    /// The linear rows' names are `torch_peers.py`'s (its workload table in
+    /// bench/README.md, which `--self-check` keeps in step with the Python side), and
+    /// so are the GEMM rows that torch peers.
+    #[test]
+    fn linear_and_gemm_names_are_in_the_peer_table() {
+        let readme = include_str!("../../bench/README.md");
+        for w in linear_workloads() {
+            assert!(readme.contains(&format!("| `{}` |", w.name)), "{}", w.name);
+        }
+        assert!(readme.contains("| `gemm_bf16_16384x50304x768` |"));
+    }
+
+    #[test]
+    fn the_linear_table_shows_each_peer() {
+        let w = linear_workloads()[1].clone();
+        let row = LinearRow {
+            w,
+            kgen_us: Ok(100.0),
+            cublas_us: Ok(90.0),
+            torch_us: Some(120.0),
+            agree: Ok(1e-3),
+        };
+        let t = format_linear_table(&[row]);
+        assert!(t.contains("linear_bwd_fp16_2048x2048x2048"), "{t}");
+        assert!(t.contains("0.90x") && t.contains("1.20x"), "{t}");
     }
 }

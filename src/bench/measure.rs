@@ -16,12 +16,12 @@
 
 use super::{Kind, Measured};
 use crate::cases::Rng;
-use crate::ops::{OpError, Ops};
+use crate::ops::{KernelArgs, OpError, Ops};
 use crate::optim::{AdamW, GradStats, GradStatsLaunch, ParamGroup};
 use cudarc::driver::{sys, CudaStream};
 use kgen_core::types::DType;
 use kgen_core::{front, Arch, CompileOptions, SourceFile};
-use kgen_runtime::{grid_x, Arg, CacheStats, Device, DiskCache, RuntimeError, Tensor};
+use kgen_runtime::{grid_x, CacheStats, Device, DiskCache, RuntimeError, Tensor};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -583,14 +583,15 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
     let dev = ops.device();
     let x = filled(dev, DType::F32, &[1024], normal(1.0), 11)?;
     let y = dev.empty(DType::F32, &[1024])?;
+    let relu_args = KernelArgs::new().tensor("x", &x).tensor("y", &y);
     let k = ops.kernel(
         "relu",
         "relu",
         &[("T", "f32".into()), ("BLOCK", "1024".into())],
         None,
-        &[("x", &x), ("y", &y)],
+        &relu_args,
     )?;
-    let args = [Arg::from(&x), Arg::from(&y)];
+    let args = relu_args.args();
     let grid = grid_x(1)?;
     // The two-launch op's tensors: x, w, dy random; rstd positive; dx, dw outputs.
     let (rows, cols) = (4, 64);
@@ -621,7 +622,7 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
             ops.stream(),
             &k,
             grid,
-            &args,
+            args,
         )?)
     } else {
         None
@@ -639,7 +640,7 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
     };
     // Warm-up (kernel lookups, first launches).
     for _ in 0..10 {
-        ops.launch(&k, grid, &args)?;
+        ops.launch(&k, grid, args)?;
         ops.relu_into(&x, &y)?;
         norm_bwd()?;
     }
@@ -647,7 +648,7 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
     let graph = if dev.is_gpu() {
         let s = dev.new_stream()?;
         s.begin_capture()?;
-        let captured = (0..launches).try_for_each(|_| dev.launch(&s, &k, grid, &args));
+        let captured = (0..launches).try_for_each(|_| dev.launch(&s, &k, grid, args));
         let g = s.end_capture()?;
         captured?;
         Some(g)
@@ -658,7 +659,7 @@ pub fn launch_cost(ops: &Ops, launches: usize, rounds: usize) -> Result<LaunchCo
     let (mut ours, mut bare, mut op, mut two, mut graph_us) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
-        ours.push(round(&mut || ops.launch(&k, grid, &args))?);
+        ours.push(round(&mut || ops.launch(&k, grid, args))?);
         if let Some(p) = packed.as_mut() {
             // SAFETY: x and y outlive `packed` (both live until the end of this function)
             // and the stream is the ops' own.
@@ -820,6 +821,12 @@ fn rmsnorm_kernel_launch(
     y: &Tensor,
     rstd: &Tensor,
 ) -> Result<(), OpError> {
+    let args = KernelArgs::new()
+        .tensor("x", x)
+        .tensor("w", w)
+        .tensor("y", y)
+        .tensor("rstd", rstd)
+        .scalar("eps", 1e-6f32);
     let k = ops.kernel(
         "rmsnorm",
         "rmsnorm",
@@ -829,19 +836,9 @@ fn rmsnorm_kernel_launch(
             ("ONE_TILE", "true".into()),
         ],
         Some(crate::ops::norm::default_fwd_warps(4096)),
-        &[("x", x), ("w", w), ("y", y), ("rstd", rstd)],
+        &args,
     )?;
-    ops.launch(
-        &k,
-        grid_x(x.shape()[0])?,
-        &[
-            Arg::from(x),
-            Arg::from(w),
-            Arg::from(y),
-            Arg::from(rstd),
-            Arg::from(1e-6f32),
-        ],
-    )
+    ops.launch_args(&k, grid_x(x.shape()[0])?, &args)
 }
 
 /// The first launch of [`first_launches`]' kernel in this process with an empty disk

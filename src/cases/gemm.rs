@@ -1,10 +1,10 @@
 //! `gemm.kg`: c = act(a @ b + bias) on tensor cores, over awkward shapes (each of M, N,
 //! K in {1, 7, 127, 1000, 4097} with the others moderate), transposed operands, the
-//! bias and each activation, bf16 and f16.
+//! bias and each activation, bf16 and f16, and the pre-activation output (`PREACT`).
 
 use super::*;
 
-const PARAMS: &[&str] = &["a", "b", "bias", "c"];
+const PARAMS: &[&str] = &["a", "b", "bias", "c", "z"];
 
 /// The epilogue activations of `gemm.kg` (`ACT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +27,30 @@ impl Act {
             Act::Silu => x / (1.0 + (-x).exp()),
         }
     }
+
+    /// The derivative `act'(x)` (GELU: of the tanh approximation, exactly; ReLU: 0 at
+    /// and below 0, torch's threshold_backward).
+    pub fn derivative(self, x: f64) -> f64 {
+        match self {
+            Act::None => 1.0,
+            Act::Relu => {
+                if x <= 0.0 {
+                    0.0
+                } else {
+                    1.0
+                }
+            }
+            Act::GeluTanh => {
+                const C: f64 = 0.797_884_560_802_865_4;
+                let t = (C * (x + 0.044715 * x * x * x)).tanh();
+                0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + 3.0 * 0.044715 * x * x)
+            }
+            Act::Silu => {
+                let s = 1.0 / (1.0 + (-x).exp());
+                s * (1.0 + x * (1.0 - s))
+            }
+        }
+    }
 }
 
 /// One gemm configuration.
@@ -39,6 +63,8 @@ pub struct Shape {
     pub trans_b: bool,
     pub bias: bool,
     pub act: Act,
+    /// Also write the pre-activation `z = a @ b + bias` (`PREACT`).
+    pub preact: bool,
     pub dtype: DType,
     /// (BM, BN, BK).
     pub tile: (usize, usize, usize),
@@ -54,6 +80,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         trans_b: false,
         bias: false,
         act: Act::None,
+        preact: false,
         dtype: BF16,
         tile: (64, 64, 32),
     };
@@ -146,6 +173,36 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             ..base
         });
     }
+    // The pre-activation beside the activated result (a linear layer's forward that
+    // saves z for its backward): y = x @ w.T, each activation, both dtypes, edges.
+    for (act, dtype, bias) in [
+        (Act::Relu, BF16, true),
+        (Act::GeluTanh, F16, true),
+        (Act::Silu, BF16, false),
+    ] {
+        v.push(Shape {
+            m: 70,
+            n: 136,
+            k: 40,
+            trans_b: true,
+            bias,
+            act,
+            preact: true,
+            dtype,
+            ..base
+        });
+    }
+    v.push(Shape {
+        m: 130,
+        n: 72,
+        k: 100,
+        trans_b: true,
+        bias: true,
+        act: Act::GeluTanh,
+        preact: true,
+        tile: (128, 128, 64),
+        ..base
+    });
     if sizes == SizeSet::Full {
         v.push(Shape {
             m: 300,
@@ -181,6 +238,14 @@ fn at(t: &[f64], rows: usize, cols: usize, transposed: bool, i: usize, j: usize)
 
 /// The f64 reference of a gemm shape, row-major `[m, n]`.
 pub fn reference(s: &Shape, a: &[f64], b: &[f64], bias: &[f64]) -> Vec<f64> {
+    preact_reference(s, a, b, bias)
+        .into_iter()
+        .map(|x| s.act.apply(x))
+        .collect()
+}
+
+/// The f64 pre-activation `a @ b + bias` of a gemm shape, row-major `[m, n]`.
+pub fn preact_reference(s: &Shape, a: &[f64], b: &[f64], bias: &[f64]) -> Vec<f64> {
     let mut c = vec![0.0; s.m * s.n];
     for i in 0..s.m {
         for p in 0..s.k {
@@ -190,10 +255,11 @@ pub fn reference(s: &Shape, a: &[f64], b: &[f64], bias: &[f64]) -> Vec<f64> {
             }
         }
     }
-    for i in 0..s.m {
-        for j in 0..s.n {
-            let x = c[i * s.n + j] + if s.bias { bias[j] } else { 0.0 };
-            c[i * s.n + j] = s.act.apply(x);
+    if s.bias {
+        for row in c.chunks_mut(s.n.max(1)) {
+            for (x, b) in row.iter_mut().zip(bias) {
+                *x += b;
+            }
         }
     }
     c
@@ -202,7 +268,7 @@ pub fn reference(s: &Shape, a: &[f64], b: &[f64], bias: &[f64]) -> Vec<f64> {
 /// One `gemm` case.
 pub fn case(seed: u64, s: Shape) -> Case {
     let label = format!(
-        "gemm T={} [{}x{}]{} @ [{}x{}]{}{}{} tile {:?}",
+        "gemm T={} [{}x{}]{} @ [{}x{}]{}{}{}{} tile {:?}",
         s.dtype,
         s.m,
         s.k,
@@ -217,6 +283,7 @@ pub fn case(seed: u64, s: Shape) -> Case {
             Act::GeluTanh => " gelu",
             Act::Silu => " silu",
         },
+        if s.preact { " +preact" } else { "" },
         s.tile
     );
     let mut rng = Rng::for_case(seed, &label);
@@ -224,11 +291,18 @@ pub fn case(seed: u64, s: Shape) -> Case {
     let b = storage(&mut rng, s.dtype, s.k, s.n, s.trans_b);
     let bias = random_tensor(&mut rng, s.dtype, &[s.n.max(1)], |r| r.normalish());
     let c = poisoned(s.dtype, &[s.m, s.n]);
+    // Without PREACT z is not touched: a 1 x 1 input.
+    let z = if s.preact {
+        poisoned(s.dtype, &[s.m, s.n])
+    } else {
+        random_tensor(&mut rng, s.dtype, &[1, 1], |r| r.normalish())
+    };
     let args = vec![
         ArgValue::Tensor(a),
         ArgValue::Tensor(b),
         ArgValue::Tensor(bias),
         ArgValue::Tensor(c),
+        ArgValue::Tensor(z),
     ];
     let (bm, bn, bk) = s.tile;
     Case {
@@ -244,16 +318,21 @@ pub fn case(seed: u64, s: Shape) -> Case {
             ("TRANS_B", s.trans_b.to_string()),
             ("BIAS", s.bias.to_string()),
             ("ACT", (s.act as i32).to_string()),
+            ("PREACT", s.preact.to_string()),
         ]),
         tensor_align: aligns(PARAMS, &args),
         grid: [(cdiv(s.m, bm) * cdiv(s.n, bn)).max(1) as u32, 1, 1],
         args,
-        outputs: vec![3],
+        outputs: if s.preact { vec![3, 4] } else { vec![3] },
         reference: Box::new(move |args| {
             let a = tensor_at(args, 0).to_f64_vec();
             let b = tensor_at(args, 1).to_f64_vec();
             let bias = tensor_at(args, 2).to_f64_vec();
-            vec![reference(&s, &a, &b, &bias)]
+            let mut out = vec![reference(&s, &a, &b, &bias)];
+            if s.preact {
+                out.push(preact_reference(&s, &a, &b, &bias));
+            }
+            out
         }),
         // Products of two 16-bit values are exact in f32; the f32 sums of k of them,
         // in another order than the reference's, differ by a few ulp of sum |a*b|

@@ -22,6 +22,7 @@ pub mod gemm;
 pub mod int_div;
 pub mod lang;
 pub mod layernorm;
+pub mod linear_bwd;
 pub mod matmul;
 pub mod norm_bwd;
 pub mod optim;
@@ -178,6 +179,7 @@ pub fn all_cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     v.extend(optim::cases(seed, sizes));
     v.extend(matmul::cases(seed, sizes));
     v.extend(gemm::cases(seed, sizes));
+    v.extend(linear_bwd::cases(seed, sizes));
     v.extend(lang::cases(seed, sizes));
     v.extend(scan::cases(seed, sizes));
     v.extend(int_div::cases(seed, sizes));

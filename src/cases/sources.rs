@@ -53,6 +53,8 @@ pub const BUNDLED_KERNELS: &[(&str, &str)] = &[
     ("layernorm", "layernorm_rows"),
     ("layernorm_bwd", "layernorm_bwd"),
     ("layernorm_bwd", "layernorm_bwd_dwdb"),
+    ("linear_bwd", "linear_bwd"),
+    ("linear_bwd", "linear_bwd_db"),
     ("matmul", "matmul"),
     ("optim", "adamw_multi"),
     ("optim", "grad_stats"),

@@ -315,6 +315,45 @@ pub fn bench(a: BenchArgs) -> CliResult {
         ));
     }
 
+    // Linear layers: kgen beside cuBLAS's GEMMs and torch's F.linear (from --peers).
+    let linear_plan: Vec<_> = kgen::bench::gemm::linear_workloads()
+        .into_iter()
+        .filter(|w| selected(&w.name, a.filter.as_deref()))
+        .collect();
+    let mut linear_table = None;
+    if !linear_plan.is_empty() {
+        let timer = Timer::new(&ops, if a.quick { 10 } else { 20 }, 3, FLUSH_BYTES)
+            .map_err(|e| CliError::Msg(e.to_string()))?;
+        let mut linear_rows = Vec::new();
+        for (i, w) in linear_plan.iter().enumerate() {
+            let t = std::time::Instant::now();
+            let mut row = kgen::bench::gemm::run_linear(&ops, &timer, w, 0x6c69_6e65 ^ i as u64);
+            row.torch_us = peers.as_ref().and_then(|p| {
+                p.iter()
+                    .filter(|r| r.workload == w.name)
+                    .filter_map(|r| r.median_us)
+                    .min_by(f64::total_cmp)
+            });
+            progress(format!(
+                "[linear {}/{}] {:<32} kgen {:?} us, cuBLAS {:?} us ({:.1} s)",
+                i + 1,
+                linear_plan.len(),
+                w.name,
+                row.kgen_us,
+                row.cublas_us,
+                t.elapsed().as_secs_f64()
+            ));
+            if row.kgen_us.is_err() || row.agree.as_ref().is_ok_and(|e| *e > 0.05) {
+                failed += 1;
+            }
+            linear_rows.push(row);
+        }
+        linear_table = Some(format!(
+            "# Linear layers (fp16): kgen (Ops::linear_into with a bias; Ops::linear_backward_into: dx, dw, db) vs cuBLAS (the same GEMMs alone: x @ w.T; dy @ w and dy.T @ x; no bias, no db) and torch (F.linear with autograd, from --peers; the backward timed alone); agree = max |kgen - reference| / (|reference| + 1) over 4096 sampled elements of each output\n{}",
+            kgen::bench::gemm::format_linear_table(&linear_rows).trim_end()
+        ));
+    }
+
     let mut extras = serde_json::Map::new();
     let mut extra_lines = Vec::new();
     let (line, spills) = spill_report(&device);
@@ -572,7 +611,15 @@ pub fn bench(a: BenchArgs) -> CliResult {
         say(l);
     }
     if let Some(p) = &peers {
-        let known: Vec<&str> = rows.iter().map(|r| r.workload.as_str()).collect();
+        let linear_names: Vec<String> = kgen::bench::gemm::linear_workloads()
+            .into_iter()
+            .map(|w| w.name)
+            .collect();
+        let known: Vec<&str> = rows
+            .iter()
+            .map(|r| r.workload.as_str())
+            .chain(linear_names.iter().map(String::as_str))
+            .collect();
         let other = p
             .iter()
             .filter(|r| !known.contains(&r.workload.as_str()) && r.workload != LAUNCH_PEER_WORKLOAD)
@@ -591,6 +638,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
     ));
     say(format_table(&rows, copy_gbps).trim_end());
     if let Some(t) = &gemm_table {
+        say(t);
+    }
+    if let Some(t) = &linear_table {
         say(t);
     }
     let missed = rows.iter().filter(|r| r.pass() == Some(false)).count();

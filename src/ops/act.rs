@@ -16,9 +16,9 @@
 //! on a GPU the first call per shape picks the fastest through [`Ops::tuner`].
 
 use super::plan::PlanKey;
-use super::{as_rows, default_warps, expect, float_dtype, shape_err, OpError, Ops};
+use super::{as_rows, default_warps, expect, float_dtype, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{grid_1d, grid_x, Arg, Tensor};
+use kgen_runtime::{grid_1d, grid_x, Tensor};
 
 /// Elements per SwiGLU tile, the default first.
 const SWIGLU_TILES: [usize; 3] = [1024, 2048, 4096];
@@ -169,27 +169,29 @@ impl Ops {
     }
 
     fn swiglu_2d(&self, gate: &Tensor, up: &Tensor, out: &Tensor, t: DType) -> Result<(), OpError> {
-        self.swiglu_launch("swiglu", &[("gate", gate), ("up", up), ("out", out)], t)
+        let args = KernelArgs::new()
+            .tensor("gate", gate)
+            .tensor("up", up)
+            .tensor("out", out);
+        self.swiglu_launch("swiglu", &args, t)
     }
 
-    /// `swiglu` or `swiglu_bwd` over 2-D views, `tensors` in the kernel's parameter order
-    /// (gate first): the plan, the tuner's candidates, the launch.
+    /// `swiglu` or `swiglu_bwd` over 2-D views, `args` the kernel's (gate first): the
+    /// plan, the tuner's candidates, the launch.
     fn swiglu_launch(
         &self,
         name: &'static str,
-        tensors: &[(&str, &Tensor)],
+        args: &KernelArgs,
         t: DType,
     ) -> Result<(), OpError> {
-        let gate = tensors[0].1;
+        let Some((_, gate)) = args.tensors().next() else {
+            return Err(shape_err(name, "no gate tensor"));
+        };
         let (rows, h) = (gate.shape()[0], gate.shape()[1]);
         let cfgs = swiglu_configs(h);
-        let args: Vec<Arg> = tensors.iter().map(|(_, x)| Arg::from(*x)).collect();
-        let key = tensors
-            .iter()
-            .fold(PlanKey::new(name), |k, (_, x)| k.tensor(x));
         self.launch_planned(
-            key,
-            &args,
+            PlanKey::new(name),
+            args,
             || format!("T={t},rows={rows},H={h},stride={}", gate.strides()[0]),
             || swiglu_labels(&cfgs),
             |i| {
@@ -203,7 +205,7 @@ impl Ops {
                         ("BLOCK", b.to_string()),
                     ],
                     Some(w),
-                    tensors,
+                    args,
                 )?;
                 Ok((k, swiglu_grid(rows, r, h, b)?))
             },
@@ -275,14 +277,13 @@ impl Ops {
         [dgate, dup]: [&Tensor; 2],
         t: DType,
     ) -> Result<(), OpError> {
-        let tensors = [
-            ("gate", gate),
-            ("up", up),
-            ("dout", dout),
-            ("dgate", dgate),
-            ("dup", dup),
-        ];
-        self.swiglu_launch("swiglu_bwd", &tensors, t)
+        let args = KernelArgs::new()
+            .tensor("gate", gate)
+            .tensor("up", up)
+            .tensor("dout", dout)
+            .tensor("dgate", dgate)
+            .tensor("dup", dup);
+        self.swiglu_launch("swiglu_bwd", &args, t)
     }
 
     // ---------------------------------------------------------------- ReLU
@@ -301,7 +302,11 @@ impl Ops {
         let t = float_dtype(OP, x)?;
         expect(OP, "y", y, t, x.shape())?;
         let (xf, yf) = (flat(OP, "x", x)?, flat(OP, "y", y)?);
-        self.relu_flat("relu", t, &[&xf], &yf)
+        self.relu_flat(
+            "relu",
+            t,
+            &KernelArgs::new().tensor("x", &xf).tensor("y", &yf),
+        )
     }
 
     /// `dy` where `x > 0`, else 0 (torch's threshold_backward); `x` may be the forward
@@ -320,18 +325,16 @@ impl Ops {
         expect(OP, "dy", dy, t, x.shape())?;
         expect(OP, "dx", dx, t, x.shape())?;
         let (xf, dyf, dxf) = (flat(OP, "x", x)?, flat(OP, "dy", dy)?, flat(OP, "dx", dx)?);
-        self.relu_flat("relu_bwd", t, &[&xf, &dyf], &dxf)
+        let args = KernelArgs::new()
+            .tensor("x", &xf)
+            .tensor("dy", &dyf)
+            .tensor("dx", &dxf);
+        self.relu_flat("relu_bwd", t, &args)
     }
 
-    /// `relu` (inputs [x]) or `relu_bwd` (inputs [x, dy]) over flat tensors.
-    fn relu_flat(
-        &self,
-        name: &'static str,
-        t: DType,
-        inputs: &[&Tensor],
-        out: &Tensor,
-    ) -> Result<(), OpError> {
-        let n = out.numel();
+    /// `relu` (`args`: x, y) or `relu_bwd` (x, dy, dx) over flat tensors.
+    fn relu_flat(&self, name: &'static str, t: DType, args: &KernelArgs) -> Result<(), OpError> {
+        let n = args.tensors().last().map_or(0, |(_, out)| out.numel());
         let blocks = || -> Vec<usize> {
             RELU_BLOCKS
                 .iter()
@@ -343,19 +346,9 @@ impl Ops {
                     v
                 })
         };
-        let names: &[&str] = if inputs.len() == 1 {
-            &["x", "y"]
-        } else {
-            &["x", "dy", "dx"]
-        };
-        let mut tensors: Vec<(&str, &Tensor)> =
-            names.iter().copied().zip(inputs.iter().copied()).collect();
-        tensors.push((names[names.len() - 1], out));
-        let args: Vec<Arg> = tensors.iter().map(|(_, t)| Arg::from(*t)).collect();
-        let key = PlanKey::new(name).tensors(inputs).tensor(out);
         self.launch_planned(
-            key,
-            &args,
+            PlanKey::new(name),
+            args,
             || format!("T={t},n={n}"),
             || blocks().iter().map(|b| format!("BLOCK={b}")).collect(),
             |i| {
@@ -365,7 +358,7 @@ impl Ops {
                     name,
                     &[("T", t.to_string()), ("BLOCK", b.to_string())],
                     None,
-                    &tensors,
+                    args,
                 )?;
                 Ok((k, grid_1d(n, b)?))
             },

@@ -4,15 +4,18 @@
 //! Operands: `a [M, K]` and `b [K, N]` may be row-major or transposed views (strides
 //! `[1, ld]`, e.g. `x.transpose(0, 1)` for a weight gradient `x.T @ dy`): the kernel
 //! reads the transposed storage and the tensor cores take the transpose for free
-//! (`ldmatrix.trans`), so no operand is copied. Other strides (neither dimension
-//! contiguous) and a non-contiguous `c` go to the strided `matmul.kg`.
+//! (`ldmatrix.trans`), so no operand is copied. A transposed `c` (no bias) is computed
+//! as `c.T = b.T @ a.T`. Other strides (neither dimension contiguous) go to the strided
+//! `matmul.kg` (without a bias or an activation; with them, a typed error).
+//! `gemm_impl` also writes the pre-activation `a @ b + bias` when asked (`PREACT`: a
+//! linear layer's forward for its backward, `ops/linear.rs`).
 //! The configuration (tile sizes, warps, pipeline depth) is autotuned per shape among
 //! [`candidates`]; `KGEN_AUTOTUNE=0` takes the first.
 
 use super::plan::PlanKey;
-use super::{dtype_err, shape_err, OpError, Ops};
+use super::{dtype_err, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{Arg, Tensor};
+use kgen_runtime::Tensor;
 
 /// The epilogue activation (`gemm.kg`'s `ACT`), applied after the bias in f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -26,7 +29,8 @@ pub enum Activation {
 }
 
 impl Activation {
-    fn code(self) -> u32 {
+    /// The `ACT` code of `gemm.kg` and `linear_bwd.kg`.
+    pub(crate) fn code(self) -> u32 {
         match self {
             Activation::None => 0,
             Activation::Relu => 1,
@@ -55,8 +59,9 @@ impl GemmConfig {
     }
 }
 
-/// The tuner's candidates for operands whose rows allow `cp.async` copies (4-byte
-/// aligned or better), the default first; [`unaligned_candidates`] for the others.
+/// The tuner's candidates for operands whose rows are 16-byte aligned, the default
+/// first; [`narrow_candidates`] for 8- or 4-byte aligned rows, [`unaligned_candidates`]
+/// for the others.
 pub fn candidates() -> Vec<GemmConfig> {
     let c = |bm, bn, bk, warps, stages| GemmConfig {
         bm,
@@ -81,6 +86,36 @@ pub fn candidates() -> Vec<GemmConfig> {
     ]
 }
 
+/// Candidates for operands whose rows allow `cp.async` copies but not all of them in
+/// 16-byte pieces (8- or 4-byte aligned rows: `cp.async.ca` of 8 or 4 bytes, more
+/// copies and addresses per stage): at most 64 accumulator elements per thread and
+/// BK 32. With these rows every 128-per-thread tile of [`candidates`] spilled, 4 to 656
+/// bytes, in some orientation on sm_80 or sm_90a (and the 64-wide BK ones 8 to 200
+/// bytes); these do not, for every orientation, epilogue and alignment of c (ptxas
+/// 13.0; `tests/no_spills.rs` covers the classes through `ops::launchable`).
+pub fn narrow_candidates() -> Vec<GemmConfig> {
+    let c = |bm, bn, bk, warps, stages| GemmConfig {
+        bm,
+        bn,
+        bk,
+        warps,
+        stages,
+    };
+    vec![
+        c(128, 128, 32, 8, 3),
+        c(128, 128, 32, 8, 4),
+        c(64, 128, 32, 4, 4),
+        c(128, 64, 32, 4, 3),
+        c(64, 64, 32, 4, 3),
+    ]
+}
+
+/// Whether `cfg` spills reading a transposed a (TRANS_A) with 16-byte aligned rows:
+/// 128 x 128 x 64 at 4 warps, 4 bytes on sm_80 (ptxas 13.0).
+fn spills_with_trans_a(cfg: &GemmConfig) -> bool {
+    (cfg.bm, cfg.bn, cfg.bk, cfg.warps) == (128, 128, 64, 4)
+}
+
 /// Candidates for operands whose rows are only 2-byte aligned (an odd K or N in f16/
 /// bf16): their tiles are copied element by element (`ld.global` + `st.shared`), which
 /// holds each element in a register on its way, so the tiles are smaller (measured: the
@@ -99,6 +134,37 @@ pub fn unaligned_candidates() -> Vec<GemmConfig> {
         c(64, 128, 32, 8, 3),
         c(128, 64, 32, 8, 3),
     ]
+}
+
+/// The most accumulator elements per thread of an epilogue that also writes the
+/// pre-activation (`PREACT`): the f32 accumulator and the 16-bit tile being stored are
+/// live together, so a 128 x 128 tile at 4 warps (128 per thread) needs about 274
+/// registers (over the 216 the compiler allows); at 8 warps about 146.
+const PREACT_MAX_PER_THREAD: u32 = 64;
+
+/// `cands` for an epilogue that also writes the pre-activation: the ones within
+/// [`PREACT_MAX_PER_THREAD`], the first 8-warp 128 x 128 tile (wgmma on sm_90a) moved to
+/// the front, and 128 x 128 x 32 at 8 warps when the list has no such tile.
+pub fn preact_candidates(cands: &[GemmConfig]) -> Vec<GemmConfig> {
+    let fits = |c: &GemmConfig| c.bm * c.bn / (32 * c.warps) <= PREACT_MAX_PER_THREAD;
+    let mut v: Vec<GemmConfig> = cands.iter().copied().filter(fits).collect();
+    let wide = |c: &GemmConfig| (c.bm, c.bn, c.warps) == (128, 128, 8);
+    if let Some(i) = v.iter().position(wide) {
+        let c = v.remove(i);
+        v.insert(0, c);
+    } else {
+        v.insert(
+            0,
+            GemmConfig {
+                bm: 128,
+                bn: 128,
+                bk: 32,
+                warps: 8,
+                stages: 3,
+            },
+        );
+    }
+    v
 }
 
 /// How an operand is passed: its row-major storage and whether that is the transpose.
@@ -140,31 +206,49 @@ impl Ops {
         act: Activation,
         c: &Tensor,
     ) -> Result<(), OpError> {
-        const OP: &str = "gemm";
+        self.gemm_impl("gemm", a, b, bias, act, c, None)
+    }
+
+    /// [`Ops::gemm_into`] that also writes the pre-activation `z = a @ b + bias` (rounded
+    /// to T) into an existing `[M, N]` tensor, from the same accumulator in the same
+    /// launch (`gemm.kg`'s `PREACT`): what a layer's backward needs for `act'(z)`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_impl(
+        &self,
+        op: &'static str,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        act: Activation,
+        c: &Tensor,
+        z: Option<&Tensor>,
+    ) -> Result<(), OpError> {
         let t = a.dtype();
         if !matches!(t, DType::F16 | DType::BF16) {
-            return Err(dtype_err(OP, format!("f16 or bf16 operands, not {t}")));
+            return Err(dtype_err(op, format!("f16 or bf16 operands, not {t}")));
         }
-        if b.dtype() != t || c.dtype() != t || bias.is_some_and(|x| x.dtype() != t) {
+        let same = |x: &Tensor| x.dtype() == t;
+        if !same(b) || !same(c) || !bias.is_none_or(same) || !z.is_none_or(same) {
             return Err(dtype_err(
-                OP,
+                op,
                 format!(
-                    "operands must share a dtype: a {t}, b {}, c {}{}",
+                    "operands must share a dtype: a {t}, b {}, c {}{}{}",
                     b.dtype(),
                     c.dtype(),
                     bias.map(|x| format!(", bias {}", x.dtype()))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    z.map(|x| format!(", z {}", x.dtype())).unwrap_or_default()
                 ),
             ));
         }
         if a.rank() != 2 || b.rank() != 2 || c.rank() != 2 {
-            return Err(shape_err(OP, "a, b and c must be 2-D"));
+            return Err(shape_err(op, "a, b and c must be 2-D"));
         }
         let (m, k) = (a.shape()[0], a.shape()[1]);
         let n = b.shape()[1];
         if b.shape()[0] != k || c.shape() != [m, n] {
             return Err(shape_err(
-                OP,
+                op,
                 format!(
                     "{:?} @ {:?} -> {:?} does not fit",
                     a.shape(),
@@ -176,45 +260,82 @@ impl Ops {
         if let Some(x) = bias {
             if x.shape() != [n] {
                 return Err(shape_err(
-                    OP,
+                    op,
                     format!("bias {:?} for {n} columns", x.shape()),
+                ));
+            }
+        }
+        if let Some(z) = z {
+            if z.shape() != [m, n] {
+                return Err(shape_err(
+                    op,
+                    format!("z {:?} for a [{m}, {n}] result", z.shape()),
                 ));
             }
         }
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let c_ok = c.strides()[1] == 1 || n == 1;
+        let row_major = |x: &Tensor| x.strides()[1] == 1 || n == 1;
+        let col_major = |x: &Tensor| x.strides()[0] == 1 || m == 1;
+        if !row_major(c) && col_major(c) && bias.is_none() && z.is_none_or(col_major) {
+            // A transposed c (e.g. the gradient of a weight stored [in, out]):
+            // c.T = b.T @ a.T, whose rows the kernel writes (the activation is
+            // element-wise; a bias would run along c.T's rows, which the kernel has not).
+            let zt = z.map(|z| z.transpose(0, 1)).transpose()?;
+            return self.gemm_impl(
+                op,
+                &b.transpose(0, 1)?,
+                &a.transpose(0, 1)?,
+                None,
+                act,
+                &c.transpose(0, 1)?,
+                zt.as_ref(),
+            );
+        }
+        let c_ok = row_major(c) && z.is_none_or(row_major);
         let bias_ok = bias.is_none_or(|x| x.strides()[0] == 1 || n == 1);
         let (Some((sa, ta)), Some((sb, tb)), true, true) = (storage(a), storage(b), c_ok, bias_ok)
         else {
-            if bias.is_none() && act == Activation::None {
+            if bias.is_none() && act == Activation::None && z.is_none() {
                 return self.matmul_fma_into(a, b, c);
             }
             return Err(shape_err(
-                OP,
-                "operands need one contiguous dimension, c and bias a contiguous last one",
+                op,
+                "operands need one contiguous dimension, c, z and bias a contiguous last one",
             ));
         };
-        // Without a bias the kernel reads none: any contiguous one-element view will do.
-        let dummy;
+        // Without a bias the kernel reads none, without PREACT it writes no z: any
+        // one-element row of a (m >= 1 here), and a itself, will do.
+        let dummy_bias;
         let bias_t = match bias {
             Some(x) => x,
             None => {
-                dummy = sa.flatten()?.narrow(0, 0, 1)?;
-                &dummy
+                dummy_bias = a.select(0, 0)?.narrow(0, 0, k.min(1))?;
+                &dummy_bias
             }
         };
-        let key = PlanKey::new(OP)
-            .tensors(&[&sa, &sb, bias_t, c])
-            .word(ta as u64 | (tb as u64) << 1 | (bias.is_some() as u64) << 2)
+        let z_t = z.unwrap_or(&sa);
+        let key = PlanKey::new(op)
+            .word(
+                ta as u64
+                    | (tb as u64) << 1
+                    | (bias.is_some() as u64) << 2
+                    | (z.is_some() as u64) << 3,
+            )
             .word(act.code() as u64);
-        let copyable = |t: &Tensor| kgen_runtime::tensor_alignment(t) >= 4;
-        let cands = if copyable(&sa) && copyable(&sb) {
-            candidates()
-        } else {
-            unaligned_candidates()
+        let align = kgen_runtime::tensor_alignment(&sa).min(kgen_runtime::tensor_alignment(&sb));
+        let mut cands = match align {
+            16.. => candidates(),
+            4.. => narrow_candidates(),
+            _ => unaligned_candidates(),
         };
+        if ta {
+            cands.retain(|c| !spills_with_trans_a(c));
+        }
+        if z.is_some() {
+            cands = preact_candidates(&cands);
+        }
         let defines = |cfg: &GemmConfig| -> Vec<(&'static str, String)> {
             vec![
                 ("T", t.to_string()),
@@ -225,18 +346,24 @@ impl Ops {
                 ("TRANS_B", tb.to_string()),
                 ("BIAS", bias.is_some().to_string()),
                 ("ACT", act.code().to_string()),
+                ("PREACT", z.is_some().to_string()),
             ]
         };
-        let args = [
-            Arg::from(&sa),
-            Arg::from(&sb),
-            Arg::from(bias_t),
-            Arg::from(c),
-        ];
+        let args = KernelArgs::new()
+            .tensor("a", &sa)
+            .tensor("b", &sb)
+            .tensor("bias", bias_t)
+            .tensor("c", c)
+            .tensor("z", z_t);
         self.launch_planned(
             key,
             &args,
-            || format!("{t} {m}x{n}x{k} ta={ta} tb={tb}"),
+            || {
+                format!(
+                    "{t} {m}x{n}x{k} ta={ta} tb={tb}{}",
+                    if z.is_some() { " preact" } else { "" }
+                )
+            },
             || cands.iter().map(GemmConfig::label).collect(),
             |i| {
                 let cfg = cands[i];
@@ -247,16 +374,51 @@ impl Ops {
                     Some(cfg.warps),
                     None,
                     Some(cfg.stages),
-                    &[("a", &sa), ("b", &sb), ("bias", bias_t), ("c", c)],
+                    &args,
                 )?;
                 let tiles = m.div_ceil(cfg.bm as usize) * n.div_ceil(cfg.bn as usize);
                 let grid = [
-                    u32::try_from(tiles).map_err(|_| shape_err(OP, "too many tiles"))?,
+                    u32::try_from(tiles).map_err(|_| shape_err(op, "too many tiles"))?,
                     1,
                     1,
                 ];
                 Ok((kern, grid))
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pre-activation's candidates keep to 64 accumulator elements per thread,
+    /// 8-warp 128 x 128 tiles first.
+    #[test]
+    fn preact_candidates_fit_their_epilogue() {
+        for list in [candidates(), unaligned_candidates()] {
+            let p = preact_candidates(&list);
+            assert!(!p.is_empty());
+            assert_eq!((p[0].bm, p[0].bn, p[0].warps), (128, 128, 8));
+            for c in &p {
+                assert!(
+                    c.bm * c.bn / (32 * c.warps) <= PREACT_MAX_PER_THREAD,
+                    "{c:?}"
+                );
+            }
+        }
+        assert_eq!(preact_candidates(&candidates()).len(), 3);
+    }
+
+    /// Every list's tiles hold at most 128 accumulator elements per thread, the narrow
+    /// and unaligned ones at most 64 with BK 32.
+    #[test]
+    fn candidate_lists_keep_their_register_budgets() {
+        let per_thread = |c: &GemmConfig| c.bm * c.bn / (32 * c.warps);
+        assert!(candidates().iter().all(|c| per_thread(c) <= 128));
+        for c in narrow_candidates().iter().chain(&unaligned_candidates()) {
+            assert!(per_thread(c) <= 64 && c.bk == 32, "{c:?}");
+        }
+        assert!(candidates().iter().any(spills_with_trans_a));
     }
 }

@@ -81,6 +81,13 @@ pub fn launchable_kernels(coverage: Coverage) -> (Vec<KernelRequest>, Vec<String
                     }
                 }
                 note(format!("matmul {t}"), matmul(ops, t));
+                if matches!(t, DType::F16 | DType::BF16) {
+                    note(
+                        format!("gemm {t} alignments"),
+                        gemm_alignments(ops, t, coverage),
+                    );
+                }
+                note(format!("linear {t}"), linear(ops, t));
                 note(format!("optimizer {t}"), optimizer(ops, t));
             });
         }
@@ -205,6 +212,116 @@ fn matmul(ops: &Ops, t: DType) -> Result<(), OpError> {
             let a = if ta { a.transpose(0, 1)? } else { a };
             let b = if tb { b.transpose(0, 1)? } else { b };
             ops.gemm(&a, &b, Some(&bias), super::gemm::Activation::GeluTanh)?;
+        }
+    }
+    Ok(())
+}
+
+/// A `[rows, 64]` view of 16-bit elements whose rows are `align` bytes apart in
+/// multiples (a row stride of 64, 68, 66 or 65 elements: 16-, 8-, 4- or 2-byte aligned
+/// rows).
+fn rows_aligned(ops: &Ops, t: DType, rows: usize, align: u32) -> Result<Tensor, OpError> {
+    let stride = match align {
+        16 => 64,
+        8 => 68,
+        4 => 66,
+        _ => 65,
+    };
+    Ok(tensor(ops, t, &[rows, stride])?.narrow(1, 0, 64)?)
+}
+
+/// The GEMM over operands of each alignment class (each candidate list: 16-byte rows,
+/// 8- or 4-byte rows, 2-byte rows) in every orientation (TRANS_A, TRANS_B), with the
+/// plain epilogue, a bias and GELU, and the pre-activation beside them; and with a c
+/// whose rows are not 16-byte aligned. Quick: a and b of (16, 16), (8, 16) and
+/// (16, 2) bytes, c 16-byte aligned and once 2-byte; Full: every pair of classes, c in
+/// each.
+fn gemm_alignments(ops: &Ops, t: DType, coverage: Coverage) -> Result<(), OpError> {
+    use super::gemm::Activation as A;
+    let classes: &[(u32, u32)] = match coverage {
+        Coverage::Quick => &[(16, 16), (8, 16), (16, 2)],
+        Coverage::Full => &[
+            (16, 16),
+            (16, 8),
+            (16, 4),
+            (16, 2),
+            (8, 16),
+            (8, 8),
+            (8, 4),
+            (8, 2),
+            (4, 16),
+            (4, 8),
+            (4, 4),
+            (4, 2),
+            (2, 16),
+            (2, 8),
+            (2, 4),
+            (2, 2),
+        ],
+    };
+    let c_classes: &[u32] = match coverage {
+        Coverage::Quick => &[16],
+        Coverage::Full => &[16, 8, 4, 2],
+    };
+    let bias = tensor(ops, t, &[64])?;
+    for &(ta, tb) in &[(false, false), (true, false), (false, true), (true, true)] {
+        for &(aa, ab) in classes {
+            // 64 x 64 operands: transposed ones are the transpose of their storage.
+            let a = rows_aligned(ops, t, 64, aa)?;
+            let b = rows_aligned(ops, t, 64, ab)?;
+            let a = if ta { a.transpose(0, 1)? } else { a };
+            let b = if tb { b.transpose(0, 1)? } else { b };
+            for &ca in c_classes {
+                let c = rows_aligned(ops, t, 64, ca)?;
+                let z = rows_aligned(ops, t, 64, ca)?;
+                ops.gemm_into(&a, &b, None, A::None, &c)?;
+                ops.gemm_into(&a, &b, Some(&bias), A::GeluTanh, &c)?;
+                ops.gemm_impl("gemm", &a, &b, Some(&bias), A::GeluTanh, &c, Some(&z))?;
+            }
+        }
+    }
+    // A linear layer's output whose rows are 2-byte aligned (an odd N) over aligned
+    // operands.
+    let x = rows_aligned(ops, t, 64, 16)?;
+    let w = rows_aligned(ops, t, 7, 16)?;
+    let y = tensor(ops, t, &[64, 7])?;
+    let z = tensor(ops, t, &[64, 7])?;
+    let b7 = tensor(ops, t, &[7])?;
+    ops.linear_into(&x, &w, Some(&b7), A::GeluTanh, &y)?;
+    ops.linear_with_preact_into(&x, &w, Some(&b7), A::GeluTanh, &y, &z)?;
+    Ok(())
+}
+
+/// Linear layers: the forward with the saved pre-activation (the GEMM's PREACT
+/// epilogue: GELU with a bias, the heaviest, and SiLU without) on rows 16-byte and
+/// 2-byte aligned; the backward for every activation, with and without the bias
+/// gradient, over rows of 1 and 4097 and widths that reach every `linear_bwd` tile
+/// (BLOCK 8 to 512) in every alignment class, and its GEMMs (dx = dz @ w; dw = dz.T @ x
+/// reading dz transposed, odd widths included).
+fn linear(ops: &Ops, t: DType) -> Result<(), OpError> {
+    use super::gemm::Activation as A;
+    let half = matches!(t, DType::F16 | DType::BF16);
+    if half {
+        for k in [64usize, 63] {
+            let x = tensor(ops, t, &[33, k])?;
+            let w = tensor(ops, t, &[40, k])?;
+            let b = tensor(ops, t, &[40])?;
+            ops.linear_with_preact(&x, &w, Some(&b), A::GeluTanh)?;
+            ops.linear_with_preact(&x, &w, None, A::Silu)?;
+        }
+    }
+    for n in [1usize, 7, 100, 1000, 4097] {
+        for m in [1usize, 4097] {
+            let k = 24;
+            let x = tensor(ops, t, &[m, k])?;
+            let w = tensor(ops, t, &[n, k])?;
+            let dy = tensor(ops, t, &[m, n])?;
+            for act in [A::None, A::Relu, A::GeluTanh, A::Silu] {
+                for db in [false, true] {
+                    let z = (act != A::None).then_some(&dy);
+                    ops.linear_backward(&dy, &x, &w, z, act, db)?;
+                }
+            }
         }
     }
     Ok(())

@@ -20,7 +20,7 @@
 //! for the same shape, else the default).
 
 use super::plan::PlanKey;
-use super::{as_rows, expect, float_dtype, shape_err, OpError, Ops};
+use super::{as_rows, expect, float_dtype, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
 use kgen_runtime::autotune::Autotuner;
 use kgen_runtime::{grid_x, Arg, Tensor};
@@ -406,7 +406,12 @@ impl Ops {
         let t = float_dtype(OP, x)?;
         expect(OP, "y", y, t, x.shape())?;
         let (x2, y2) = (rows_2d(OP, x)?, rows_2d(OP, y)?);
-        self.rowwise(OP, "softmax", t, &[("x", &x2), ("y", &y2)])
+        self.rowwise(
+            OP,
+            "softmax",
+            t,
+            &KernelArgs::new().tensor("x", &x2).tensor("y", &y2),
+        )
     }
 
     /// Gradient of [`Ops::softmax`] from its output: `dx = y * (dy - sum(dy * y))` per row.
@@ -429,23 +434,26 @@ impl Ops {
         expect(OP, "dy", dy, t, y.shape())?;
         expect(OP, "dx", dx, t, y.shape())?;
         let (y2, dy2, dx2) = (rows_2d(OP, y)?, rows_2d(OP, dy)?, rows_2d(OP, dx)?);
-        self.rowwise(
-            OP,
-            "softmax_bwd",
-            t,
-            &[("y", &y2), ("dy", &dy2), ("dx", &dx2)],
-        )
+        let args = KernelArgs::new()
+            .tensor("y", &y2)
+            .tensor("dy", &dy2)
+            .tensor("dx", &dx2);
+        self.rowwise(OP, "softmax_bwd", t, &args)
     }
 
-    /// One block per row of a `[rows, cols]` kernel whose tensors are all `tensors`.
+    /// One block per row of a `[rows, cols]` kernel whose arguments are `args` (all
+    /// tensors of that shape).
     fn rowwise(
         &self,
         op: &'static str,
         stem: &str,
         t: DType,
-        tensors: &[(&str, &Tensor)],
+        args: &KernelArgs,
     ) -> Result<(), OpError> {
-        let (rows, cols) = (tensors[0].1.shape()[0], tensors[0].1.shape()[1]);
+        let Some((_, first)) = args.tensors().next() else {
+            return Err(shape_err(op, "no tensors"));
+        };
+        let (rows, cols) = (first.shape()[0], first.shape()[1]);
         if rows == 0 {
             return Ok(());
         }
@@ -455,13 +463,9 @@ impl Ops {
         let block = softmax_block(cols);
         let warps = warp_candidates(block);
         let grid = grid_x(rows)?;
-        let args: Vec<Arg> = tensors.iter().map(|(_, x)| Arg::from(*x)).collect();
-        let key = tensors
-            .iter()
-            .fold(PlanKey::new(op), |k, (_, x)| k.tensor(x));
         self.launch_planned(
-            key,
-            &args,
+            PlanKey::new(op),
+            args,
             || format!("T={t},rows={rows},cols={cols}"),
             || {
                 warps
@@ -479,7 +483,7 @@ impl Ops {
                         super::norm::one_tile(cols, block),
                     ],
                     Some(warps[i]),
-                    tensors,
+                    args,
                 )?;
                 Ok((k, grid))
             },
@@ -614,6 +618,10 @@ impl Ops {
         let dx2 = dlogits.map(|d| rows_2d(op, d)).transpose()?;
 
         // 1. [count, 1/count].
+        let mut args = KernelArgs::new()
+            .tensor("targets", &tg)
+            .tensor("stats", stats);
+        args.push("ignore_index", ignore);
         let k = self.kernel(
             "cross_entropy",
             "ce_count",
@@ -622,9 +630,9 @@ impl Ops {
                 ("BLOCK", reduce_block(rows).to_string()),
             ],
             None,
-            &[("targets", &tg), ("stats", stats)],
+            &args,
         )?;
-        self.launch(&k, [1, 1, 1], &[Arg::from(&tg), Arg::from(stats), ignore])?;
+        self.launch_args(&k, [1, 1, 1], &args)?;
 
         // 2. Per-row loss and gradient.
         if rows > 0 {
@@ -654,7 +662,33 @@ impl Ops {
             );
             let labels = config_labels(&configs);
             let shape_key = format!("T={t},I={idx},rows={rows},V={vocab}");
-            let row_kernel = |i: usize| {
+            // A row kernel's arguments: the 2-D logits (and dlogits), or for the window
+            // kernels the flat views and V.
+            let vocab_arg = i32::try_from(vocab).unwrap_or(i32::MAX);
+            let row_args = |window: bool| -> Result<KernelArgs, OpError> {
+                let (logits, dlogits) = if window {
+                    let (Some(xf), true) = (&x_flat, dx2.is_none() || dx_flat.is_some()) else {
+                        return Err(shape_err(op, "a window candidate without flat views"));
+                    };
+                    (xf, dx_flat.as_ref())
+                } else {
+                    (&x2, dx2.as_ref())
+                };
+                let mut a = KernelArgs::new()
+                    .tensor("logits", logits)
+                    .tensor("targets", &tg)
+                    .tensor("stats", stats)
+                    .tensor("loss", row_loss);
+                if let Some(dx) = dlogits {
+                    a.push_tensor("dlogits", dx);
+                }
+                if window {
+                    a.push_scalar("vocab", vocab_arg);
+                }
+                a.push("ignore_index", ignore);
+                Ok(a)
+            };
+            let row_kernel = |i: usize, args: &KernelArgs| {
                 let c = configs[i];
                 let mut defines = vec![
                     ("T", t.to_string()),
@@ -683,128 +717,57 @@ impl Ops {
                         defines.push(("ASYNC", async_rows.to_string()));
                     }
                 }
-                if c.window {
-                    let (Some(xf), true) = (&x_flat, dx2.is_none() || dx_flat.is_some()) else {
-                        return Err(shape_err(op, "a window candidate without flat views"));
-                    };
-                    let mut tensors = vec![
-                        ("logits", xf),
-                        ("targets", &tg),
-                        ("stats", stats),
-                        ("loss", row_loss),
-                    ];
-                    let name = match &dx_flat {
-                        Some(dxf) => {
-                            tensors.push(("dlogits", dxf));
-                            "cross_entropy_window"
-                        }
-                        None => "cross_entropy_window_inplace",
-                    };
-                    return self.kernel(
-                        "cross_entropy_window",
-                        name,
-                        &defines,
-                        Some(c.warps),
-                        &tensors,
-                    );
-                }
-                let name = match (clustered, cached, dx2.is_some()) {
-                    (true, _, true) => "cross_entropy_cluster",
-                    (true, _, false) => "cross_entropy_cluster_inplace",
-                    (false, true, true) => "cross_entropy_cached",
-                    (false, true, false) => "cross_entropy_cached_inplace",
-                    (false, false, true) => "cross_entropy",
-                    (false, false, false) => "cross_entropy_inplace",
+                let in_place = dx2.is_none();
+                let (stem, name) = match (c.window, clustered, cached, in_place) {
+                    (true, _, _, false) => ("cross_entropy_window", "cross_entropy_window"),
+                    (true, _, _, true) => ("cross_entropy_window", "cross_entropy_window_inplace"),
+                    (false, true, _, false) => ("cross_entropy_cluster", "cross_entropy_cluster"),
+                    (false, true, _, true) => {
+                        ("cross_entropy_cluster", "cross_entropy_cluster_inplace")
+                    }
+                    (false, false, true, false) => ("cross_entropy_cached", "cross_entropy_cached"),
+                    (false, false, true, true) => {
+                        ("cross_entropy_cached", "cross_entropy_cached_inplace")
+                    }
+                    (false, false, false, false) => ("cross_entropy", "cross_entropy"),
+                    (false, false, false, true) => ("cross_entropy", "cross_entropy_inplace"),
                 };
-                let mut tensors = vec![
-                    ("logits", &x2),
-                    ("targets", &tg),
-                    ("stats", stats),
-                    ("loss", row_loss),
-                ];
-                if let Some(dx) = &dx2 {
-                    tensors.push(("dlogits", dx));
-                }
-                let stem = if clustered {
-                    "cross_entropy_cluster"
-                } else if cached {
-                    "cross_entropy_cached"
-                } else {
-                    "cross_entropy"
-                };
-                self.kernel(stem, name, &defines, Some(c.warps), &tensors)
+                self.kernel(stem, name, &defines, Some(c.warps), args)
             };
-            // The window kernels' arguments: the flat views and V.
-            let vocab_arg = Arg::from(i32::try_from(vocab).unwrap_or(i32::MAX));
-            let window_args = |dx: Option<&Tensor>| -> Vec<Arg> {
-                let mut a = vec![
-                    x_flat.as_ref().map(Arg::from).unwrap_or(Arg::from(&x2)),
-                    Arg::from(&tg),
-                    Arg::from(stats),
-                    Arg::from(row_loss),
-                ];
-                if dx.is_some() {
-                    a.extend(dx_flat.as_ref().map(Arg::from));
-                }
-                a.push(vocab_arg);
-                a.push(ignore);
-                a
-            };
-            match &dx2 {
-                Some(dx) => {
-                    let args = [
-                        Arg::from(&x2),
-                        Arg::from(&tg),
-                        Arg::from(stats),
-                        Arg::from(row_loss),
-                        Arg::from(dx),
-                        ignore,
-                    ];
-                    let wargs = window_args(Some(dx));
-                    self.launch_tuned("cross_entropy", &shape_key, &labels, |i, pass| {
-                        let grid = grid_x(configs[i].blocks)?;
-                        let a: &[Arg] = if configs[i].window { &wargs } else { &args };
-                        self.launch_maybe_timed(&*row_kernel(i)?, grid, a, pass)
-                    })?;
-                }
-                None => {
-                    // Not re-runnable (it overwrites its input): the out-of-place form's
-                    // tuned choice for this shape, else the default.
-                    let key = Autotuner::key("cross_entropy", self.device(), &shape_key);
-                    let i = self
-                        .tuner()
-                        .stored(&key)
-                        .and_then(|l| labels.iter().position(|x| *x == l))
-                        .unwrap_or(0);
-                    let args = if configs[i].window {
-                        window_args(None)
-                    } else {
-                        vec![
-                            Arg::from(&x2),
-                            Arg::from(&tg),
-                            Arg::from(stats),
-                            Arg::from(row_loss),
-                            ignore,
-                        ]
-                    };
-                    self.launch(&*row_kernel(i)?, grid_x(configs[i].blocks)?, &args)?;
-                }
+            if dx2.is_some() {
+                let (args, wargs) = (row_args(false)?, row_args(window_rows)?);
+                self.launch_tuned("cross_entropy", &shape_key, &labels, |i, pass| {
+                    let grid = grid_x(configs[i].blocks)?;
+                    let a = if configs[i].window { &wargs } else { &args };
+                    self.launch_maybe_timed(&*row_kernel(i, a)?, grid, a.args(), pass)
+                })?;
+            } else {
+                // Not re-runnable (it overwrites its input): the out-of-place form's
+                // tuned choice for this shape, else the default.
+                let key = Autotuner::key("cross_entropy", self.device(), &shape_key);
+                let i = self
+                    .tuner()
+                    .stored(&key)
+                    .and_then(|l| labels.iter().position(|x| *x == l))
+                    .unwrap_or(0);
+                let args = row_args(configs[i].window)?;
+                self.launch_args(&*row_kernel(i, &args)?, grid_x(configs[i].blocks)?, &args)?;
             }
         }
 
         // 3. The mean.
+        let args = KernelArgs::new()
+            .tensor("loss", row_loss)
+            .tensor("stats", stats)
+            .tensor("out", loss);
         let k = self.kernel(
             "cross_entropy",
             "ce_loss_mean",
             &[("BLOCK", reduce_block(rows).to_string())],
             None,
-            &[("loss", row_loss), ("stats", stats), ("out", loss)],
+            &args,
         )?;
-        self.launch(
-            &k,
-            [1, 1, 1],
-            &[Arg::from(row_loss), Arg::from(stats), Arg::from(loss)],
-        )
+        self.launch_args(&k, [1, 1, 1], &args)
     }
 }
 

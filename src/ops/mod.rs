@@ -17,7 +17,9 @@
 //! ```
 //!
 //! Files: `norm` (RMSNorm, LayerNorm fwd/bwd), `act` (SwiGLU, ReLU fwd/bwd), `rope`,
-//! `loss` (softmax, cross-entropy), `linear` (matmul), and [`crate::optim`] (AdamW,
+//! `loss` (softmax, cross-entropy), `gemm` (the tensor-core GEMM with its fused
+//! epilogue), `linear` (linear layers forward and backward, matmul), `args` (a launch's
+//! arguments, spelled once), and [`crate::optim`] (AdamW,
 //! gradient norm and clipping); `plan` (the tuner's choice per shape, and the launch
 //! remembered per call signature); `launchable` (every kernel the ops can ask for).
 //! [`checks`] holds the self-checks against float64 references (test code: nothing else
@@ -25,11 +27,12 @@
 
 use kgen_core::types::DType;
 use kgen_core::{CompileOptions, SourceFile};
-use kgen_runtime::{alignments, Arg, Device, Kernel, RuntimeError, Stream, Tensor};
+use kgen_runtime::{tensor_alignment, Arg, Device, Kernel, RuntimeError, Stream, Tensor};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 pub mod act;
+mod args;
 // Test code: the self-checks (`kgen selftest`) and the unit tests that need them.
 pub mod checks;
 pub mod gemm;
@@ -39,6 +42,8 @@ pub mod loss;
 pub mod norm;
 mod plan;
 pub mod rope;
+
+pub use args::KernelArgs;
 
 /// What an op can report.
 #[derive(Debug, thiserror::Error)]
@@ -198,16 +203,17 @@ impl Ops {
     }
 
     /// The loaded kernel `name` of `kernels-src/<stem>.kg` with these compile-time values,
-    /// warps and the alignments the given tensors actually have.
+    /// warps and the alignments the tensors of `args` (the launch's arguments) actually
+    /// have.
     pub fn kernel(
         &self,
         stem: &str,
         name: &str,
         defines: &[(&str, String)],
         num_warps: Option<u32>,
-        tensors: &[(&str, &Tensor)],
+        args: &KernelArgs,
     ) -> Result<Arc<Kernel>, OpError> {
-        self.kernel_bounded(stem, name, defines, num_warps, None, tensors)
+        self.kernel_bounded(stem, name, defines, num_warps, None, args)
     }
 
     /// [`Ops::kernel`] compiled so that `min_blocks_per_sm` blocks fit on one SM
@@ -219,7 +225,7 @@ impl Ops {
         defines: &[(&str, String)],
         num_warps: Option<u32>,
         min_blocks_per_sm: Option<u32>,
-        tensors: &[(&str, &Tensor)],
+        args: &KernelArgs,
     ) -> Result<Arc<Kernel>, OpError> {
         self.kernel_full(
             stem,
@@ -228,7 +234,7 @@ impl Ops {
             num_warps,
             min_blocks_per_sm,
             None,
-            tensors,
+            args,
         )
     }
 
@@ -243,7 +249,7 @@ impl Ops {
         num_warps: Option<u32>,
         min_blocks_per_sm: Option<u32>,
         num_stages: Option<u32>,
-        tensors: &[(&str, &Tensor)],
+        args: &KernelArgs,
     ) -> Result<Arc<Kernel>, OpError> {
         // The map's key, built into one buffer (this runs on every op call).
         use std::fmt::Write;
@@ -255,8 +261,8 @@ impl Ops {
         for (k, v) in defines {
             let _ = write!(key, "/{k}={v}");
         }
-        for (k, t) in tensors {
-            let a = kgen_runtime::tensor_alignment(t);
+        for (k, t) in args.tensors() {
+            let a = tensor_alignment(t);
             if a < 16 {
                 let _ = write!(key, "/{k}@{a}");
             }
@@ -264,7 +270,10 @@ impl Ops {
         if let Some(k) = self.kernels.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(k);
         }
-        let align = alignments(tensors);
+        let align: Vec<(String, u32)> = args
+            .tensors()
+            .map(|(n, t)| (n.to_string(), tensor_alignment(t)))
+            .collect();
         if let Some(rec) = &self.recorded {
             let request = KernelRequest {
                 stem: stem.to_string(),
@@ -310,6 +319,17 @@ impl Ops {
             return Ok(());
         }
         Ok(self.device.launch(&self.stream, k, grid, args)?)
+    }
+
+    /// [`Ops::launch`] with the arguments of a [`KernelArgs`] list (the one the kernel
+    /// was specialized for).
+    pub fn launch_args(
+        &self,
+        k: &Kernel,
+        grid: [u32; 3],
+        args: &KernelArgs,
+    ) -> Result<(), OpError> {
+        self.launch(k, grid, args.args())
     }
 
     /// An f32 scratch tensor of `shape` (the returned pair's second; the first is the

@@ -23,9 +23,9 @@
 //! `one_tile`).
 
 use super::plan::{launches_of, Launch, Pass, PlanKey};
-use super::{as_rows, default_warps, expect, float_dtype, shape_err, OpError, Ops};
+use super::{as_rows, default_warps, expect, float_dtype, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{grid_1d, grid_x, Arg, Tensor};
+use kgen_runtime::{grid_1d, grid_x, Tensor};
 
 /// Largest row the forward kernels keep in registers (one tile); longer rows take the
 /// multi-pass path.
@@ -244,7 +244,7 @@ const MAX_TWO_ROW_BLOCK: usize = 4096;
 /// (BLOCK, ROWS) of the dw/db column-sum kernels: BLOCK columns per block, enough blocks
 /// to cover the SMs where the row allows; ROWS partial rows per step, so that a step
 /// loads about 4096 elements (few serial steps even for a large G).
-fn colsum_tile(cols: usize, sms: usize, min_rows: usize) -> (usize, usize) {
+pub(crate) fn colsum_tile(cols: usize, sms: usize, min_rows: usize) -> (usize, usize) {
     let block = if cols >= 128 * sms {
         128
     } else if cols >= 64 * sms {
@@ -289,15 +289,14 @@ impl Ops {
         let (x2, y2) = (rows_view(OP, x, rows, cols)?, rows_view(OP, y, rows, cols)?);
         let cap = PerThreadCap::new(false, &[&x2, &y2]);
         let cfgs = fwd_configs(rows, cols, self.sm_count(), cap);
-        let args = [
-            Arg::from(&x2),
-            Arg::from(w),
-            Arg::from(&y2),
-            Arg::from(rstd),
-            Arg::from(eps),
-        ];
+        let args = KernelArgs::new()
+            .tensor("x", &x2)
+            .tensor("w", w)
+            .tensor("y", &y2)
+            .tensor("rstd", rstd)
+            .scalar("eps", eps);
         self.launch_planned(
-            PlanKey::new(OP).tensors(&[&x2, w, &y2, rstd]),
+            PlanKey::new(OP),
             &args,
             || format!("T={t},rows={rows},cols={cols}"),
             || cfgs.iter().map(FwdConfig::label).collect(),
@@ -308,7 +307,7 @@ impl Ops {
                     c.kernel_name(OP, ROWS_OP),
                     &c.defines(t, cols),
                     Some(c.warps),
-                    &[("x", &x2), ("w", w), ("y", &y2), ("rstd", rstd)],
+                    &args,
                 )?;
                 Ok((k, c.grid(rows)?))
             },
@@ -367,36 +366,22 @@ impl Ops {
             .into_iter()
             .filter(|c| c.rows_per_block.is_none())
             .collect();
-        let args = [
-            Arg::from(&x2),
-            Arg::from(&r2),
-            Arg::from(w),
-            Arg::from(&h2),
-            Arg::from(&y2),
-            Arg::from(rstd),
-            Arg::from(eps),
-        ];
+        let args = KernelArgs::new()
+            .tensor("x", &x2)
+            .tensor("residual", &r2)
+            .tensor("w", w)
+            .tensor("h", &h2)
+            .tensor("y", &y2)
+            .tensor("rstd", rstd)
+            .scalar("eps", eps);
         self.launch_planned(
-            PlanKey::new(OP).tensors(&[&x2, &r2, w, &h2, &y2, rstd]),
+            PlanKey::new(OP),
             &args,
             || format!("T={t},rows={rows},cols={cols}"),
             || cfgs.iter().map(FwdConfig::label).collect(),
             |i| {
                 let c = cfgs[i];
-                let k = self.kernel(
-                    "rmsnorm",
-                    OP,
-                    &c.defines(t, cols),
-                    Some(c.warps),
-                    &[
-                        ("x", &x2),
-                        ("residual", &r2),
-                        ("w", w),
-                        ("h", &h2),
-                        ("y", &y2),
-                        ("rstd", rstd),
-                    ],
-                )?;
+                let k = self.kernel("rmsnorm", OP, &c.defines(t, cols), Some(c.warps), &args)?;
                 Ok((k, c.grid(rows)?))
             },
         )
@@ -512,7 +497,27 @@ impl Ops {
         // the form); the workspace is a fresh allocation's start, always 16-byte aligned.
         let plan_key = PlanKey::new(tuned_op).tensors(&[x, w, rstd, dy, dx, dw, &dres2]);
         // Candidate i's G partial rows of dw (the launches write exactly those).
-        let partial = |i: usize| partial_all.narrow(0, 0, cfgs[i].g);
+        let parts = cfgs
+            .iter()
+            .map(|c| partial_all.narrow(0, 0, c.g))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (cb, cr) = colsum_tile(cols, self.sm_count(), 16);
+        // Candidate i's arguments of the main kernel and of the dw column sum.
+        let main_args = |i: usize| {
+            KernelArgs::new()
+                .tensor("x", &x2)
+                .tensor("w", w)
+                .tensor("dy", &dy2)
+                .tensor("rstd", rstd)
+                .tensor("dx", &dx2)
+                .tensor("dw_partial", &parts[i])
+                .tensor("dres", &dres2)
+        };
+        let colsum_args = |i: usize| {
+            KernelArgs::new()
+                .tensor("dw_partial", &parts[i])
+                .tensor("dw", dw)
+        };
         let resolve = |i: usize| -> Result<Vec<Launch>, OpError> {
             let BwdConfig {
                 block,
@@ -526,26 +531,16 @@ impl Ops {
                 one_tile(cols, block),
                 ("RESIDUAL", dres.is_some().to_string()),
             ];
-            let part = partial(i)?;
             let main = self.kernel_bounded(
                 "rmsnorm_bwd",
                 "rmsnorm_bwd",
                 &defs,
                 Some(warps),
                 min_blocks,
-                &[
-                    ("x", &x2),
-                    ("w", w),
-                    ("dy", &dy2),
-                    ("rstd", rstd),
-                    ("dx", &dx2),
-                    ("dw_partial", &part),
-                    ("dres", &dres2),
-                ],
+                &main_args(i),
             )?;
             // dw = the column sum of exactly the G partial rows the main launch wrote
             // (timed together: a larger G costs the column sum more).
-            let (cb, cr) = colsum_tile(cols, self.sm_count(), 16);
             let colsum = self.kernel(
                 "rmsnorm_bwd",
                 "rmsnorm_bwd_dw",
@@ -555,25 +550,14 @@ impl Ops {
                     ("ROWS", cr.to_string()),
                 ],
                 None,
-                &[("dw_partial", &part), ("dw", dw)],
+                &colsum_args(i),
             )?;
             Ok(vec![(main, grid_x(g)?), (colsum, grid_1d(cols, cb)?)])
         };
         let run = |i: usize, launches: &[Launch], pass: Pass| -> Result<f32, OpError> {
-            let part = partial(i)?;
             let [(main, main_grid), (colsum, colsum_grid)] = launches_of::<2>(op, launches)?;
-            let args = [
-                Arg::from(&x2),
-                Arg::from(w),
-                Arg::from(&dy2),
-                Arg::from(rstd),
-                Arg::from(&dx2),
-                Arg::from(&part),
-                Arg::from(&dres2),
-            ];
-            let ms = self.launch_maybe_timed(main, *main_grid, &args, pass)?;
-            let args = [Arg::from(&part), Arg::from(dw)];
-            Ok(ms + self.launch_maybe_timed(colsum, *colsum_grid, &args, pass)?)
+            let ms = self.launch_maybe_timed(main, *main_grid, main_args(i).args(), pass)?;
+            Ok(ms + self.launch_maybe_timed(colsum, *colsum_grid, colsum_args(i).args(), pass)?)
         };
         self.launch_tuned_planned(
             plan_key,
@@ -675,17 +659,16 @@ impl Ops {
             self.sm_count(),
             PerThreadCap::new(true, &[&x2, &y2]),
         );
-        let args = [
-            Arg::from(&x2),
-            Arg::from(w),
-            Arg::from(b),
-            Arg::from(&y2),
-            Arg::from(mean),
-            Arg::from(rstd),
-            Arg::from(eps),
-        ];
+        let args = KernelArgs::new()
+            .tensor("x", &x2)
+            .tensor("w", w)
+            .tensor("b", b)
+            .tensor("y", &y2)
+            .tensor("mean", mean)
+            .tensor("rstd", rstd)
+            .scalar("eps", eps);
         self.launch_planned(
-            PlanKey::new(OP).tensors(&[&x2, w, b, &y2, mean, rstd]),
+            PlanKey::new(OP),
             &args,
             || format!("T={t},rows={rows},cols={cols}"),
             || cfgs.iter().map(FwdConfig::label).collect(),
@@ -696,14 +679,7 @@ impl Ops {
                     c.kernel_name(OP, ROWS_OP),
                     &c.defines(t, cols),
                     Some(c.warps),
-                    &[
-                        ("x", &x2),
-                        ("w", w),
-                        ("b", b),
-                        ("y", &y2),
-                        ("mean", mean),
-                        ("rstd", rstd),
-                    ],
+                    &args,
                 )?;
                 Ok((k, c.grid(rows)?))
             },
@@ -762,9 +738,29 @@ impl Ops {
         let (pw_all, pb_all) = (parts.select(0, 0)?, parts.select(0, 1)?);
         let plan_key = PlanKey::new("layernorm_bwd").tensors(&[x, w, mean, rstd, dy, dx, dw, db]);
         // Candidate i's G partial rows of dw and db (the launches write exactly those).
-        let partials = |i: usize| -> Result<(Tensor, Tensor), OpError> {
-            let g = cfgs[i].g;
-            Ok((pw_all.narrow(0, 0, g)?, pb_all.narrow(0, 0, g)?))
+        let parts = cfgs
+            .iter()
+            .map(|c| Ok((pw_all.narrow(0, 0, c.g)?, pb_all.narrow(0, 0, c.g)?)))
+            .collect::<Result<Vec<_>, OpError>>()?;
+        let (cb, cr) = colsum_tile(cols, self.sm_count(), 8);
+        // Candidate i's arguments of the main kernel and of the dw, db column sums.
+        let main_args = |i: usize| {
+            KernelArgs::new()
+                .tensor("x", &x2)
+                .tensor("w", w)
+                .tensor("dy", &dy2)
+                .tensor("mean", mean)
+                .tensor("rstd", rstd)
+                .tensor("dx", &dx2)
+                .tensor("dw_partial", &parts[i].0)
+                .tensor("db_partial", &parts[i].1)
+        };
+        let colsum_args = |i: usize| {
+            KernelArgs::new()
+                .tensor("dw_partial", &parts[i].0)
+                .tensor("db_partial", &parts[i].1)
+                .tensor("dw", dw)
+                .tensor("db", db)
         };
         let resolve = |i: usize| -> Result<Vec<Launch>, OpError> {
             let BwdConfig {
@@ -776,26 +772,15 @@ impl Ops {
             // The general kernel: its one-tile-only form (`ONE_TILE`, which `rmsnorm_bwd`
             // takes) spills 4 bytes at the 64-register bound of min_blocks = 2 (ptxas 13.0).
             let defs = [("T", t.to_string()), ("BLOCK", block.to_string())];
-            let (pw, pb) = partials(i)?;
             let main = self.kernel_bounded(
                 "layernorm_bwd",
                 "layernorm_bwd",
                 &defs,
                 Some(warps),
                 min_blocks,
-                &[
-                    ("x", &x2),
-                    ("w", w),
-                    ("dy", &dy2),
-                    ("mean", mean),
-                    ("rstd", rstd),
-                    ("dx", &dx2),
-                    ("dw_partial", &pw),
-                    ("db_partial", &pb),
-                ],
+                &main_args(i),
             )?;
             // dw, db = column sums of exactly the G partial rows the main launch wrote.
-            let (cb, cr) = colsum_tile(cols, self.sm_count(), 8);
             let colsums = self.kernel(
                 "layernorm_bwd",
                 "layernorm_bwd_dwdb",
@@ -805,31 +790,21 @@ impl Ops {
                     ("ROWS", cr.to_string()),
                 ],
                 None,
-                &[
-                    ("dw_partial", &pw),
-                    ("db_partial", &pb),
-                    ("dw", dw),
-                    ("db", db),
-                ],
+                &colsum_args(i),
             )?;
             Ok(vec![(main, grid_x(g)?), (colsums, grid_1d(cols, cb)?)])
         };
         let run = |i: usize, launches: &[Launch], pass: Pass| -> Result<f32, OpError> {
-            let (pw, pb) = partials(i)?;
             let [(main, main_grid), (colsums, colsums_grid)] = launches_of::<2>(OP, launches)?;
-            let args = [
-                Arg::from(&x2),
-                Arg::from(w),
-                Arg::from(&dy2),
-                Arg::from(mean),
-                Arg::from(rstd),
-                Arg::from(&dx2),
-                Arg::from(&pw),
-                Arg::from(&pb),
-            ];
-            let ms = self.launch_maybe_timed(main, *main_grid, &args, pass)?;
-            let args = [Arg::from(&pw), Arg::from(&pb), Arg::from(dw), Arg::from(db)];
-            Ok(ms + self.launch_maybe_timed(colsums, *colsums_grid, &args, pass)?)
+            let ms = self.launch_maybe_timed(main, *main_grid, main_args(i).args(), pass)?;
+            Ok(
+                ms + self.launch_maybe_timed(
+                    colsums,
+                    *colsums_grid,
+                    colsum_args(i).args(),
+                    pass,
+                )?,
+            )
         };
         self.launch_tuned_planned(
             plan_key,

@@ -12,7 +12,7 @@
 //! answer (candidate 0, untimed) is not remembered, so the first call outside the
 //! capture still tunes.
 
-use super::{OpError, Ops};
+use super::{KernelArgs, OpError, Ops};
 use kgen_runtime::{tensor_alignment, Arg, Kernel, RuntimeError, Tensor};
 use std::sync::Arc;
 
@@ -190,27 +190,28 @@ impl Ops {
         Ok(i)
     }
 
-    /// A single-launch op: the plan remembered for `key`, else `labels()` candidates
-    /// (their shape key `shape_key()` for the tuner), `resolve(i)` giving candidate
-    /// `i`'s kernel and grid, chosen as [`Ops::choose`] does and remembered. `args` are
-    /// every candidate's arguments.
+    /// A single-launch op: the plan remembered for `key` with every tensor of `args`
+    /// added, else `labels()` candidates (their shape key `shape_key()` for the tuner),
+    /// `resolve(i)` giving candidate `i`'s kernel and grid, chosen as [`Ops::choose`]
+    /// does and remembered. `args` are every candidate's arguments (the ones `resolve`
+    /// specializes its kernels for).
     pub(crate) fn launch_planned(
         &self,
         key: PlanKey,
-        args: &[Arg],
+        args: &KernelArgs,
         shape_key: impl FnOnce() -> String,
         labels: impl FnOnce() -> Vec<String>,
         resolve: impl Fn(usize) -> Result<Launch, OpError> + Sync,
     ) -> Result<(), OpError> {
         let key_op = key.op;
         self.launch_tuned_planned(
-            key,
+            args.plan_key(key),
             shape_key,
             labels,
             |i| Ok(vec![resolve(i)?]),
             |_, launches, pass| {
                 let [(k, grid)] = launches_of::<1>(key_op, launches)?;
-                self.launch_maybe_timed(k, *grid, args, pass)
+                self.launch_maybe_timed(k, *grid, args.args(), pass)
             },
         )
         .map(|_| ())

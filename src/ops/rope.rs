@@ -13,9 +13,9 @@
 //! GPU the first call per shape picks the fastest through [`Ops::tuner`].
 
 use super::plan::PlanKey;
-use super::{as_rows, dtype_err, float_dtype, shape_err, OpError, Ops};
+use super::{as_rows, dtype_err, float_dtype, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{grid_1d, Arg, Device, Tensor};
+use kgen_runtime::{grid_1d, Device, Tensor};
 
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
@@ -185,16 +185,14 @@ impl Ops {
         };
         let token_grid = s <= 65535 && b <= 65535;
         let name = if backward { "rope_bwd" } else { "rope" };
-        let args = [
-            Arg::from(&x2),
-            Arg::from(cos),
-            Arg::from(sin),
-            Arg::from(&o2),
-            Arg::from(h as i32),
-            Arg::from(s as i32),
-        ];
+        let args = KernelArgs::new()
+            .tensor("x", &x2)
+            .tensor("cos", cos)
+            .tensor("sin", sin)
+            .tensor("out", &o2)
+            .scalar("n_heads", h as i32)
+            .scalar("seq_len", s as i32);
         let key = PlanKey::new(name)
-            .tensors(&[&x2, cos, sin, &o2])
             .word(b as u64)
             .word(s as u64)
             .word(h as u64);
@@ -217,7 +215,7 @@ impl Ops {
                         ("TOKEN_GRID", token_grid.to_string()),
                     ],
                     None,
-                    &[("x", &x2), ("cos", cos), ("sin", sin), ("out", &o2)],
+                    &args,
                 )?;
                 // Every candidate divides H; the token grid [H / r, S, B] needs S and B
                 // within the grid's y and z limits.

@@ -15,9 +15,9 @@
 //! scaling then spreads, as in torch with `error_if_nonfinite=False`. The count is an f32,
 //! exact up to 2^24 non-finite elements.
 
-use crate::ops::{dtype_err, float_dtype, shape_err, OpError, Ops};
+use crate::ops::{dtype_err, float_dtype, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{grid_x, Arg, Tensor};
+use kgen_runtime::{grid_x, Tensor};
 
 /// How the gradient-statistics kernels are launched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,30 +90,29 @@ impl GradStats {
         let nchunks = g.numel().div_ceil(block);
         let rows = nchunks.clamp(1, self.partials.shape()[0]);
         let partials = self.partials.narrow(0, 0, rows)?;
+        let args = KernelArgs::new()
+            .tensor("g", &g)
+            .tensor("partials", &partials);
         let k = ops.kernel(
             "optim",
             "grad_stats",
             &[("T", t.to_string()), ("BLOCK", block.to_string())],
             self.launch.num_warps,
-            &[("g", &g), ("partials", &partials)],
+            &args,
         )?;
-        ops.launch(&k, grid_x(rows)?, &[Arg::from(&g), Arg::from(&partials)])?;
+        ops.launch_args(&k, grid_x(rows)?, &args)?;
+        let args = KernelArgs::new()
+            .tensor("partials", &partials)
+            .tensor("out", &self.out)
+            .scalar("max_norm", max_norm);
         let k = ops.kernel(
             "optim",
             "grad_stats_finalize",
             &[("BLOCK", FINALIZE_BLOCK.to_string())],
             None,
-            &[("partials", &partials), ("out", &self.out)],
+            &args,
         )?;
-        ops.launch(
-            &k,
-            [1, 1, 1],
-            &[
-                Arg::from(&partials),
-                Arg::from(&self.out),
-                Arg::from(max_norm),
-            ],
-        )
+        ops.launch_args(&k, [1, 1, 1], &args)
     }
 
     /// [`GradStats::compute`] then `grads *= clip_coef` on the device: torch's
@@ -153,15 +152,16 @@ pub fn scale_by_stats(
     if nchunks == 0 {
         return Ok(());
     }
+    let args = KernelArgs::new().tensor("g", &g).tensor("stats", stats);
     let k = ops.kernel(
         "optim",
         "scale_by",
         &[("T", t.to_string()), ("BLOCK", launch.block.to_string())],
         launch.num_warps,
-        &[("g", &g), ("stats", stats)],
+        &args,
     )?;
     let grid = launch.scale_grid.map_or(nchunks, |s| s.clamp(1, nchunks));
-    ops.launch(&k, grid_x(grid)?, &[Arg::from(&g), Arg::from(stats)])
+    ops.launch_args(&k, grid_x(grid)?, &args)
 }
 
 /// The global gradient norm as a device tensor `[sumsq, norm, nonfinite_count, 1.0]`

@@ -57,9 +57,9 @@
 //! - Parameters live in one flat buffer (views), so the set of parameters is fixed at
 //!   construction.
 
-use crate::ops::{dtype_err, shape_err, OpError, Ops};
+use crate::ops::{dtype_err, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
-use kgen_runtime::{grid_x, Arg, Device, Kernel, RuntimeError, Tensor};
+use kgen_runtime::{grid_x, Device, Kernel, RuntimeError, Tensor};
 use std::sync::Arc;
 
 pub mod grad;
@@ -744,23 +744,23 @@ impl AdamW {
 
     /// Launches `adamw_multi` once over every chunk.
     fn launch_step(&mut self, ops: &Ops, hp: &Tensor, grid: usize) -> Result<(), OpError> {
-        let kernel = self.kernel(ops)?;
-        ops.launch(
-            &kernel,
-            grid_x(grid)?,
-            &[
-                Arg::from(&self.p),
-                Arg::from(&self.g),
-                Arg::from(&self.m),
-                Arg::from(&self.v),
-                Arg::from(&self.block_group),
-                Arg::from(hp),
-                Arg::from(&self.count),
-                Arg::from(&self.cap),
-                Arg::from(&self.vmax),
-                Arg::from(&self.ams),
-            ],
-        )?;
+        let args = KernelArgs::new()
+            .tensor("p", &self.p)
+            .tensor("g", &self.g)
+            .tensor("m", &self.m)
+            .tensor("v", &self.v)
+            .tensor("block_group", &self.block_group)
+            .tensor("hp", hp)
+            .tensor("count", &self.count)
+            .tensor("cap", &self.cap)
+            .tensor("vmax", &self.vmax)
+            .tensor("ams", &self.ams);
+        let kernel = match &self.kernel {
+            Some(k) => k.clone(),
+            None => self.build_kernel(ops, &args)?,
+        };
+        ops.launch_args(&kernel, grid_x(grid)?, &args)?;
+        self.kernel = Some(kernel);
         self.step_launches += 1;
         Ok(())
     }
@@ -804,11 +804,10 @@ impl AdamW {
         }
     }
 
-    fn kernel(&mut self, ops: &Ops) -> Result<Arc<Kernel>, OpError> {
-        if let Some(k) = &self.kernel {
-            return Ok(k.clone());
-        }
-        let k = ops.kernel(
+    /// The `adamw_multi` specialization for this optimizer's dtypes, launch and
+    /// flags, and the alignments of `args` (the step's arguments).
+    fn build_kernel(&self, ops: &Ops, args: &KernelArgs) -> Result<Arc<Kernel>, OpError> {
+        ops.kernel(
             "optim",
             "adamw_multi",
             &[
@@ -820,21 +819,8 @@ impl AdamW {
                 ("AMSGRAD", self.amsgrad.to_string()),
             ],
             self.launch.num_warps,
-            &[
-                ("p", &self.p),
-                ("g", &self.g),
-                ("m", &self.m),
-                ("v", &self.v),
-                ("block_group", &self.block_group),
-                ("hp", &self.hp),
-                ("count", &self.count),
-                ("cap", &self.cap),
-                ("vmax", &self.vmax),
-                ("ams", &self.ams),
-            ],
-        )?;
-        self.kernel = Some(k.clone());
-        Ok(k)
+            args,
+        )
     }
 }
 

@@ -15,10 +15,83 @@ use kgen_runtime::{Device, RuntimeError, Tensor};
 /// captured step bit-identical to four eager steps; on the interpreter, capture is
 /// refused with `RuntimeError::Graph`.
 pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
-    vec![(
-        "graph capture: rmsnorm, matmul, swiglu, matmul, cross_entropy, capturable AdamW replayed vs eager".into(),
-        check_capture(device),
-    )]
+    vec![
+        (
+            "graph capture: rmsnorm, matmul, swiglu, matmul, cross_entropy, capturable AdamW replayed vs eager".into(),
+            check_capture(device),
+        ),
+        (
+            "graph capture: linear bf16 +bias GELU with pre-activation, linear_backward (dx, dw, db) replayed vs eager".into(),
+            check_linear_capture(device),
+        ),
+    ]
+}
+
+/// A bf16 linear layer with a bias and GELU, forward (saving the pre-activation) and
+/// backward (whose dz is allocated during the capture: the graph keeps it), captured
+/// after an eager warm-up, replayed on fresh x and dy: bit for bit the eager results on
+/// the same inputs. On the interpreter: nothing to capture (0).
+fn check_linear_capture(device: &Device) -> Result<f64, String> {
+    use crate::ops::gemm::Activation;
+    if !device.is_gpu() {
+        return Ok(0.0);
+    }
+    let e = |x: OpError| x.to_string();
+    let r = |x: RuntimeError| x.to_string();
+    let s = device.new_stream().map_err(r)?;
+    let ops = Ops::with_stream(device, s.clone());
+    let (m, n, k, t) = (65, 80, 96, DType::BF16);
+    let act = Activation::GeluTanh;
+    let mut rng = crate::cases::Rng::new(78);
+    let (x, _) = random_on(device, &mut rng, t, &[m, k], None)?;
+    let (w, _) = random_on(device, &mut rng, t, &[n, k], Some((0.02, 0.2)))?;
+    let (bias, _) = random_on(device, &mut rng, t, &[n], None)?;
+    let (dy, _) = random_on(device, &mut rng, t, &[m, n], None)?;
+    let outs = || -> Result<Vec<Tensor>, String> {
+        [&[m, n][..], &[m, n], &[m, k], &[n, k], &[n]]
+            .iter()
+            .map(|shape| poisoned_on(device, t, shape))
+            .collect()
+    };
+    let step = |o: &[Tensor]| -> Result<(), OpError> {
+        ops.linear_with_preact_into(&x, &w, Some(&bias), act, &o[0], &o[1])?;
+        ops.linear_backward_into(&dy, &x, &w, Some(&o[1]), act, &o[2], &o[3], Some(&o[4]))
+    };
+    let captured_outs = outs()?;
+    s.wait_for(&device.stream()).map_err(r)?;
+    step(&captured_outs).map_err(e)?;
+    s.synchronize().map_err(r)?;
+    s.begin_capture().map_err(r)?;
+    let captured = step(&captured_outs);
+    let graph = s.end_capture().map_err(r)?;
+    captured.map_err(e)?;
+    // Fresh inputs, poisoned outputs, the replay; then the same inputs eagerly.
+    for (src, scale) in [(&x, 1.5), (&dy, 0.5)] {
+        let v: Vec<f64> = (0..src.numel()).map(|_| rng.normalish() * scale).collect();
+        src.copy_from_host(&kgen_core::host::HostTensor::from_f64(t, src.shape(), &v))
+            .map_err(r)?;
+    }
+    for o in &captured_outs {
+        let nan = vec![f64::NAN; o.numel()];
+        o.copy_from_host(&kgen_core::host::HostTensor::from_f64(t, o.shape(), &nan))
+            .map_err(r)?;
+    }
+    s.wait_for(&device.stream()).map_err(r)?;
+    graph.launch().map_err(r)?;
+    let eager_outs = outs()?;
+    s.wait_for(&device.stream()).map_err(r)?;
+    step(&eager_outs).map_err(e)?;
+    s.synchronize().map_err(r)?;
+    let names = ["y", "preact", "dx", "dw", "db"];
+    for ((name, a), b) in names.iter().zip(&captured_outs).zip(&eager_outs) {
+        let (a, b) = (a.to_f64_vec().map_err(r)?, b.to_f64_vec().map_err(r)?);
+        if let Some(i) =
+            (0..a.len()).find(|&i| !a[i].is_finite() || a[i].to_bits() != b[i].to_bits())
+        {
+            return Err(format!("{name}[{i}]: replay {}, eager {}", a[i], b[i]));
+        }
+    }
+    Ok(0.0)
 }
 
 /// The block's tensors: inputs (x, w_norm, w_in, w_out, targets) and outputs.

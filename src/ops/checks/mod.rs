@@ -5,7 +5,8 @@
 //! (`ops/*.rs` outside this folder) use nothing from here nor from `cases`.
 //!
 //! Files: `common` (random and poisoned tensors, the error measure, tolerances), one per
-//! op file (`norm`, `act`, `rope`, `loss`, `linear`, `gemm`), and `capture` (ops
+//! op file (`norm`, `act`, `rope`, `loss`, `linear`: linear layers forward and backward
+//! and matmul, `gemm`), and `capture` (ops
 //! recorded into a CUDA graph replay like eager ones). The optimizer's checks are
 //! [`crate::optim::checks`].
 
