@@ -377,13 +377,8 @@ impl Ops {
                     &args,
                 )?;
                 let tiles = m.div_ceil(cfg.bm as usize) * n.div_ceil(cfg.bn as usize);
-                // Persistent: as many blocks as the GPU holds at once, each walking
-                // tiles `grid` apart (gemm.kg), so a block's next tile starts loading
-                // while its last one finishes.
-                let resident = self.sm_count() * resident_blocks(&kern);
-                let blocks = tiles.min(resident.max(1));
                 let grid = [
-                    u32::try_from(blocks).map_err(|_| shape_err(op, "too many tiles"))?,
+                    u32::try_from(tiles).map_err(|_| shape_err(op, "too many tiles"))?,
                     1,
                     1,
                 ];
@@ -426,20 +421,4 @@ mod tests {
         }
         assert!(candidates().iter().any(spills_with_trans_a));
     }
-}
-
-/// Blocks of `k` one SM holds at once: the least of its shared memory (228 KB per SM,
-/// 1 KB reserved per block), its threads (2,048) and, on a GPU, its registers (65,536,
-/// allocated 8 per thread at a time); at most 32.
-pub fn resident_blocks(k: &kgen_runtime::Kernel) -> usize {
-    let launch = k.compiled().launch;
-    let threads = launch.threads_per_block.max(1) as usize;
-    let smem = (launch.static_shared_bytes + launch.dynamic_shared_bytes) as usize + 1024;
-    let by_smem = 233_472 / smem;
-    let by_threads = 2048 / threads;
-    let by_regs = match k.resources() {
-        Some((regs, _)) => 65_536 / (regs.max(1).div_ceil(8) as usize * 8 * threads),
-        None => 32,
-    };
-    by_smem.min(by_threads).min(by_regs).clamp(1, 32)
 }
