@@ -425,7 +425,7 @@ impl Lowerer<'_> {
                         "add.u32",
                         vec![base.into(), Operand::Imm(((ring.slots + s) * 8) as i64)],
                     );
-                    self.ws_arrive(empty);
+                    self.ws_arrive(empty, None);
                 }
                 self.place_label(done);
             }

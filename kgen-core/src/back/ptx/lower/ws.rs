@@ -276,7 +276,6 @@ impl Lowerer<'_> {
         if self.ws != WsMode::Consumer {
             return Ok(());
         }
-        let lane0 = self.lane0();
         for &buf in bufs {
             let Some(ring) = self.tma_rings.get(&buf).copied() else {
                 continue;
@@ -286,63 +285,38 @@ impl Lowerer<'_> {
                 .get(&buf)
                 .ok_or_else(|| super::unsupported(span, "a release before a read"))?;
             if lagged {
-                let valid = self.op1(
-                    RegClass::Pred,
-                    "setp.ge.s32",
-                    vec![ring.prev.into(), Operand::Imm(0)],
-                );
-                let p = self.op1(RegClass::Pred, "and.pred", vec![valid.into(), lane0.into()]);
-                let mbar = self.empty_mbar(&ring, ring.prev);
-                self.emit_if(
-                    Some((p, false)),
-                    "mbarrier.arrive.shared::cta.b64",
-                    vec![
-                        Operand::Sym("_".into()),
-                        Operand::Mem(crate::back::ptx::isa::Addr::Reg(mbar), 0),
-                    ],
-                );
+                self.ws_release_prev(&ring);
                 self.mov(ring.prev, cur.into());
             } else {
                 let mbar = self.empty_mbar(&ring, cur);
-                self.emit_if(
-                    Some((lane0, false)),
-                    "mbarrier.arrive.shared::cta.b64",
-                    vec![
-                        Operand::Sym("_".into()),
-                        Operand::Mem(crate::back::ptx::isa::Addr::Reg(mbar), 0),
-                    ],
-                );
+                self.ws_arrive(mbar, None);
             }
         }
         Ok(())
     }
 
-    /// Releases the slot a lagged dot left unreleased (`prev`), if any: at a drain.
+    /// Releases the slot a lagged dot left unreleased (`prev`), if any, and forgets it.
     pub(super) fn ws_release_prev(&mut self, ring: &super::tma::TmaRing) {
-        let lane0 = self.lane0();
         let valid = self.op1(
             RegClass::Pred,
             "setp.ge.s32",
             vec![ring.prev.into(), Operand::Imm(0)],
         );
-        let p = self.op1(RegClass::Pred, "and.pred", vec![valid.into(), lane0.into()]);
         let mbar = self.empty_mbar(ring, ring.prev);
-        self.emit_if(
-            Some((p, false)),
-            "mbarrier.arrive.shared::cta.b64",
-            vec![
-                Operand::Sym("_".into()),
-                Operand::Mem(crate::back::ptx::isa::Addr::Reg(mbar), 0),
-            ],
-        );
+        self.ws_arrive(mbar, Some(valid));
         self.mov(ring.prev, Operand::Imm(-1));
     }
 
-    /// Lane 0 of each consumer warp arrives on the `empty` mbarrier at `mbar`.
-    pub(super) fn ws_arrive(&mut self, mbar: Reg) {
+    /// Lane 0 of each consumer warp (where `when` holds) arrives on the `empty` mbarrier
+    /// at `mbar`.
+    pub(super) fn ws_arrive(&mut self, mbar: Reg, when: Option<Reg>) {
         let lane0 = self.lane0();
+        let guard = match when {
+            Some(w) => self.op1(RegClass::Pred, "and.pred", vec![w.into(), lane0.into()]),
+            None => lane0,
+        };
         self.emit_if(
-            Some((lane0, false)),
+            Some((guard, false)),
             "mbarrier.arrive.shared::cta.b64",
             vec![
                 Operand::Sym("_".into()),
