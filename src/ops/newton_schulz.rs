@@ -157,6 +157,16 @@ impl NsWork {
         &self.x[self.cur]
     }
 
+    /// `[k * mp, mp]`: the Gram product `A` of the iteration in flight.
+    pub(crate) fn gram(&self) -> &Tensor {
+        &self.a
+    }
+
+    /// `[k * mp, mp]`: `B`.
+    pub(crate) fn update_matrix(&self) -> &Tensor {
+        &self.b
+    }
+
     fn empty(&self) -> bool {
         self.k == 0 || self.rows == 0 || self.cols == 0
     }
@@ -300,7 +310,7 @@ impl Ops {
 
     /// `out = alpha * x x^T (+ beta * d)`, per matrix, upper tiles mirrored.
     #[allow(clippy::too_many_arguments)]
-    fn ns_gram(
+    pub(crate) fn ns_gram(
         &self,
         w: &NsWork,
         x: &Tensor,
