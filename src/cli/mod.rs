@@ -200,7 +200,9 @@ struct SelftestArgs {
     #[arg(long)]
     full: bool,
     /// Only cases whose label contains this text (`ops`: only the op library and
-    /// `#[kernel]` launcher checks, which otherwise run after the cases when no filter is given).
+    /// `#[kernel]` launcher checks, which otherwise run after the cases when no filter is given;
+    /// `ops:ns,optim`: only those groups of op checks: linear, gemm, norm, act, rope, loss,
+    /// ns, optim, capture).
     #[arg(long, value_name = "PAT")]
     filter: Option<String>,
     /// Seed of the cases' random inputs.

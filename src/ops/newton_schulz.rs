@@ -147,9 +147,11 @@ impl NsWork {
         let mp = m.max(1).next_multiple_of(NS_ROW_ALIGN);
         let np = n.max(1).next_multiple_of(NS_COL_ALIGN);
         let tiles = (mp / TILE) * np.div_ceil(TILE);
+        // Nothing needs zeroing: ns_prep writes every element of the current buffer
+        // (its padding as zeros) and of `part`, each product every element of its output.
         let x = [
-            ops.zeros(dtype, &[k, mp, np])?,
-            ops.zeros(dtype, &[k, mp, np])?,
+            ops.empty(dtype, &[k, mp, np])?,
+            ops.empty(dtype, &[k, mp, np])?,
         ];
         Ok(NsWork {
             k,
@@ -158,9 +160,9 @@ impl NsWork {
             mp,
             np,
             x,
-            a: ops.zeros(dtype, &[k * mp, mp])?,
-            b: ops.zeros(dtype, &[k * mp, mp])?,
-            part: ops.zeros(DType::F32, &[k, tiles])?,
+            a: ops.empty(dtype, &[k * mp, mp])?,
+            b: ops.empty(dtype, &[k * mp, mp])?,
+            part: ops.empty(DType::F32, &[k, tiles])?,
             cur: 0,
             no_buf: ops.zeros(DType::F32, &[1, 1, 1])?,
             dtype,
