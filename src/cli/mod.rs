@@ -220,6 +220,10 @@ struct TrainArgs {
     /// Use the interpreter even when there is a GPU.
     #[arg(long)]
     no_gpu: bool,
+    /// Muon (lr 0.02) on the weight matrices and AdamW on the rest, in one step
+    /// (`kgen::optim::MuonWithAdamW`), instead of AdamW on everything.
+    #[arg(long)]
+    muon: bool,
 }
 
 /// Runs the command line and returns the exit status.

@@ -17,6 +17,7 @@ pub fn run(a: TrainArgs) -> CliResult {
     } else {
         TrainConfig::small()
     };
+    cfg.muon = a.muon;
     if let Some(s) = a.steps {
         cfg.steps = s as usize;
         cfg.log_every = (s as usize / 10).max(1);
@@ -29,12 +30,23 @@ pub fn run(a: TrainArgs) -> CliResult {
     }
     say(format_args!(
         "model: rmsnorm -> [{d} x 2*{f}] -> swiglu -> [{f} x {c}] -> cross-entropy (1 target in 8 ignored); \
-         batch {b}, AdamW lr {lr} (2 param groups, one fused launch per step), clip_grad_norm 1.0",
+         batch {b}, {opt}",
         d = cfg.dim,
         f = cfg.hidden,
         c = cfg.classes,
         b = cfg.batch,
-        lr = cfg.lr
+        opt = if cfg.muon {
+            format!(
+                "Muon lr {} on the two matrices (Newton-Schulz on tensor cores) + AdamW lr {} \
+                 on the norm weight, one step; clip_grad_norm 1.0 on AdamW's gradients",
+                cfg.muon_lr, cfg.lr
+            )
+        } else {
+            format!(
+                "AdamW lr {} (2 param groups, one fused launch per step), clip_grad_norm 1.0",
+                cfg.lr
+            )
+        }
     ));
     let report = train(&device, &cfg, |step, loss| {
         say(format_args!("step {step:>5}  loss {loss:.4}"));

@@ -39,6 +39,7 @@ pub mod gemm;
 pub mod launchable;
 pub mod linear;
 pub mod loss;
+pub mod newton_schulz;
 pub mod norm;
 mod plan;
 pub mod rope;

@@ -63,7 +63,9 @@ use kgen_runtime::{grid_x, Device, Kernel, RuntimeError, Tensor};
 use std::sync::Arc;
 
 pub mod grad;
+pub mod muon;
 
+pub use muon::{AdjustLr, Muon, MuonGroup, MuonWithAdamW};
 pub use grad::{clip_grad_norm_, grad_norm, read_grad_stats, GradNorm, GradStats, GradStatsLaunch};
 
 /// Every group's segment of the flat buffers starts at a multiple of this many elements,

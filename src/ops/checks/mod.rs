@@ -19,6 +19,7 @@ pub mod gemm;
 pub mod linear;
 pub mod loss;
 pub mod norm;
+pub mod ns;
 pub mod rope;
 
 /// Every op run once on `device` against a float64 reference (the op half of
@@ -31,6 +32,7 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
     v.extend(act::gpu_checks(device));
     v.extend(rope::gpu_checks(device));
     v.extend(loss::gpu_checks(device));
+    v.extend(ns::gpu_checks(device));
     v.extend(crate::optim::checks::gpu_checks(device));
     v.extend(capture::gpu_checks(device));
     v

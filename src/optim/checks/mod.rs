@@ -7,6 +7,8 @@
 //! `|got - want| / max(|want|, atol / rtol)` (a relative error that stops growing where
 //! the absolute tolerance takes over), which passes when it is `<= rtol`.
 
+pub mod muon;
+
 use crate::cases::torch_adamw::torch_adamw_step;
 use crate::cases::Rng;
 use crate::ops::Ops;
@@ -338,7 +340,7 @@ pub(crate) fn check_clip(
 /// and the gradient statistics (clipping, no clipping, inf and NaN injected), each on
 /// medium awkward sizes against f64. Deterministic (fixed seeds).
 pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
-    let mut out = Vec::new();
+    let mut out = muon::gpu_checks(device);
     let groups = |lr_scale: f64| -> Vec<ParamGroup> {
         vec![
             ParamGroup {

@@ -1,0 +1,561 @@
+//! Newton–Schulz orthogonalization (Muon's `zeropower`), batched, on tensor cores:
+//! `kernels-src/ns.kg` for the matrix products, `kernels-src/muon.kg` around them.
+//!
+//! One call orthogonalizes `k` matrices of one shape with about `2 + 3 * steps` launches,
+//! whatever `k` is, and never synchronizes the host:
+//! - `ns_prep` writes each matrix as bf16 into a working buffer in its wide orientation
+//!   (a tall matrix is read through its transpose: a view, never a host-side copy) and
+//!   the partial sums of squares of what it wrote; `ns_scale` divides each matrix by
+//!   `max(||X||_F, eps)` (torch's `X.div_(X.norm().clamp(min=eps))`), its norm added up
+//!   on the device in a fixed order;
+//! - each step is three products: `A = X X^T` and `B = b A + c A A` (both symmetric:
+//!   `ns_gram` computes the tiles on or above the diagonal and mirrors them), then
+//!   `X = a X + B X` (`ns_update`);
+//! - `ns_emit` writes the result (or, for Muon, applies it to the parameters).
+//!
+//! The working buffer pads each matrix's rows to a multiple of [`NS_ROW_ALIGN`] and its
+//! columns to a multiple of 8 with zeros, so the batch flattens into plain 2-D row-major
+//! operands whose tiles never straddle two matrices, 16-byte aligned for TMA. Zero rows
+//! and columns stay zero through an iteration (see `ns.kg`), so the padding is exact.
+//!
+//! Assumes: 16-bit iteration (bf16 by default, as Muon; f16 works too); an f32 norm.
+//! Guarantees: the result of every matrix depends only on that matrix (the batch is
+//! independent); results are deterministic (no atomics); bad shapes, dtypes and
+//! coefficient lists are typed errors before any launch.
+
+use super::{dtype_err, shape_err, KernelArgs, OpError, Ops};
+use kgen_core::types::DType;
+use kgen_runtime::Tensor;
+
+/// Rows of each matrix in the working buffer are padded to a multiple of this.
+pub const NS_ROW_ALIGN: usize = 128;
+/// Columns are padded to a multiple of this (16 bytes of bf16).
+pub const NS_COL_ALIGN: usize = 8;
+/// torch.optim.Muon's `eps` (the norm is clamped below by it).
+pub const NS_EPS: f32 = 1e-7;
+/// Muon's quintic coefficients (Keller Jordan; torch.optim.Muon's default), 5 steps.
+pub const QUINTIC: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
+/// The tile of the memory-bound kernels (`muon.kg`'s TR x TC).
+const TILE: usize = 64;
+
+/// The coefficients of each of `steps` iterations: one triple for every step, or one per
+/// step (a schedule such as Polar Express).
+pub fn ns_schedule(
+    coeffs: &[(f32, f32, f32)],
+    steps: usize,
+) -> Result<Vec<(f32, f32, f32)>, OpError> {
+    let bad = |what: String| Err(shape_err("newton_schulz", what));
+    if coeffs.iter().any(|&(a, b, c)| !(a.is_finite() && b.is_finite() && c.is_finite())) {
+        return bad("non-finite coefficient".into());
+    }
+    match coeffs.len() {
+        1 => Ok(vec![coeffs[0]; steps]),
+        n if n == steps => Ok(coeffs.to_vec()),
+        n => bad(format!(
+            "{n} coefficient triples for {steps} steps (give 1, or one per step)"
+        )),
+    }
+}
+
+/// How a 2-D (or batched) matrix argument is stored: a view whose last dimension is
+/// contiguous, and whether that storage is the wide working orientation's transpose.
+#[derive(Clone)]
+pub(crate) struct Oriented {
+    /// `[k, sr, sc]` with stride 1 along sc.
+    pub storage: Tensor,
+    /// The kernels read (or write) the storage transposed.
+    pub trans: bool,
+}
+
+/// `t` (`[rows, cols]` or `[k, rows, cols]`) as 3-D storage with a contiguous last
+/// dimension, oriented against the wide form of its logical matrix (m = min, n = max).
+pub(crate) fn orient(op: &'static str, t: &Tensor) -> Result<Oriented, OpError> {
+    let t3 = match t.rank() {
+        2 => t.view(&[1, t.shape()[0], t.shape()[1]])?,
+        3 => t.clone(),
+        r => return Err(shape_err(op, format!("a matrix or a batch of them, not rank {r}"))),
+    };
+    let (r, c) = (t3.shape()[1], t3.shape()[2]);
+    let s = t3.strides();
+    let tall = r > c;
+    let (storage, flip) = if s[2] == 1 || c <= 1 {
+        (t3, false)
+    } else if s[1] == 1 || r <= 1 {
+        (t3.transpose(1, 2)?, true)
+    } else {
+        return Err(shape_err(
+            op,
+            format!("{:?} with strides {:?}: one of the last two dimensions must be contiguous", t.shape(), t.strides()),
+        ));
+    };
+    Ok(Oriented {
+        storage,
+        trans: flip != tall,
+    })
+}
+
+/// The working buffers of one batch of `k` matrices of logical shape `[rows, cols]`.
+pub struct NsWork {
+    pub k: usize,
+    pub rows: usize,
+    pub cols: usize,
+    /// The wide orientation's `m = min(rows, cols)` and `n = max`, padded.
+    pub mp: usize,
+    pub np: usize,
+    /// Two `[k, mp, np]` buffers the iteration alternates between.
+    x: [Tensor; 2],
+    /// `[k * mp, mp]`: A and B.
+    a: Tensor,
+    b: Tensor,
+    /// `[k, tiles]`: `ns_prep`'s partial sums of squares.
+    part: Tensor,
+    /// Which of `x` holds the current iterate.
+    cur: usize,
+    dtype: DType,
+}
+
+impl NsWork {
+    /// Buffers for `k` matrices `[rows, cols]`, iterated in `dtype` (f16 or bf16).
+    pub fn new(
+        ops: &Ops,
+        dtype: DType,
+        k: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<NsWork, OpError> {
+        if !matches!(dtype, DType::BF16 | DType::F16) {
+            return Err(dtype_err(
+                "newton_schulz",
+                format!("iterates in bf16 or f16, not {dtype}"),
+            ));
+        }
+        let (m, n) = (rows.min(cols), rows.max(cols));
+        let mp = m.max(1).next_multiple_of(NS_ROW_ALIGN);
+        let np = n.max(1).next_multiple_of(NS_COL_ALIGN);
+        let tiles = (mp / TILE) * np.div_ceil(TILE);
+        let x = [
+            ops.zeros(dtype, &[k, mp, np])?,
+            ops.zeros(dtype, &[k, mp, np])?,
+        ];
+        Ok(NsWork {
+            k,
+            rows,
+            cols,
+            mp,
+            np,
+            x,
+            a: ops.zeros(dtype, &[k * mp, mp])?,
+            b: ops.zeros(dtype, &[k * mp, mp])?,
+            part: ops.zeros(DType::F32, &[k, tiles])?,
+            cur: 0,
+            dtype,
+        })
+    }
+
+    /// The current iterate, `[k, mp, np]`.
+    pub fn current(&self) -> &Tensor {
+        &self.x[self.cur]
+    }
+
+    /// `[k * mp, mp]`: the Gram product `A` of the iteration in flight.
+    pub(crate) fn gram(&self) -> &Tensor {
+        &self.a
+    }
+
+    /// `[k * mp, mp]`: `B`.
+    pub(crate) fn update_matrix(&self) -> &Tensor {
+        &self.b
+    }
+
+    fn empty(&self) -> bool {
+        self.k == 0 || self.rows == 0 || self.cols == 0
+    }
+
+    fn prep_grid(&self) -> [u32; 3] {
+        [
+            ((self.mp / TILE) * self.np.div_ceil(TILE)) as u32,
+            self.k as u32,
+            1,
+        ]
+    }
+}
+
+/// Muon's momentum, fused into `ns_prep`: `buf` (f32, the gradient's shape and storage),
+/// `mu`, Nesterov.
+pub(crate) struct Momentum<'a> {
+    pub buf: &'a Tensor,
+    pub mu: f32,
+    pub nesterov: bool,
+}
+
+impl Ops {
+    /// Newton–Schulz on `x` (`[rows, cols]` or a batch `[k, rows, cols]`, f32, f16 or
+    /// bf16; either of the last two dimensions contiguous): `steps` iterations in bf16
+    /// with `coeffs` (one `(a, b, c)` for every step, or one per step), as
+    /// torch.optim.Muon's `_zeropower_via_newtonschulz`. Returns a new tensor of x's
+    /// dtype and shape.
+    pub fn newton_schulz(
+        &self,
+        x: &Tensor,
+        steps: usize,
+        coeffs: &[(f32, f32, f32)],
+    ) -> Result<Tensor, OpError> {
+        let out = self.empty(x.dtype(), x.shape())?;
+        self.newton_schulz_into(x, &out, steps, coeffs)?;
+        Ok(out)
+    }
+
+    /// [`Ops::newton_schulz`] into an existing tensor of x's shape (any float dtype, any
+    /// orientation: a transposed `out` is written through its transpose).
+    pub fn newton_schulz_into(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        steps: usize,
+        coeffs: &[(f32, f32, f32)],
+    ) -> Result<(), OpError> {
+        const OP: &str = "newton_schulz";
+        let sched = ns_schedule(coeffs, steps)?;
+        if x.shape() != out.shape() {
+            return Err(shape_err(
+                OP,
+                format!("out {:?} for x {:?}", out.shape(), x.shape()),
+            ));
+        }
+        for t in [x, out] {
+            if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+                return Err(dtype_err(OP, format!("float tensors, not {}", t.dtype())));
+            }
+        }
+        let xi = orient(OP, x)?;
+        let xo = orient(OP, out)?;
+        let s = xi.storage.shape();
+        let (k, rows, cols) = if xi.trans == (s[1] > s[2]) {
+            // storage is the logical orientation
+            (s[0], s[1], s[2])
+        } else {
+            (s[0], s[2], s[1])
+        };
+        let mut work = NsWork::new(self, DType::BF16, k, rows, cols)?;
+        if work.empty() {
+            return Ok(());
+        }
+        self.ns_prep_run(&work, 0, &xi, None)?;
+        self.ns_scale(&work, NS_EPS)?;
+        self.ns_iterate(&mut work, &sched)?;
+        self.ns_emit_run(&work, 0, &xo, None)
+    }
+
+    /// `ns_prep` into matrices `first ..` of `w`'s current buffer: the bf16 (and, with
+    /// `momentum`, Muon's Nesterov) input and its partial sums of squares.
+    pub(crate) fn ns_prep_run(
+        &self,
+        w: &NsWork,
+        first: usize,
+        g: &Oriented,
+        momentum: Option<Momentum>,
+    ) -> Result<(), OpError> {
+        let k = g.storage.shape()[0];
+        let x = w.current().narrow(0, first, k)?;
+        let part = w.part.narrow(0, first, k)?;
+        let (buf, mu, nesterov) = match &momentum {
+            Some(m) => (m.buf, m.mu, m.nesterov),
+            None => (&g.storage, 0.0, false),
+        };
+        let args = KernelArgs::new()
+            .tensor("g", &g.storage)
+            .tensor("buf", buf)
+            .tensor("x", &x)
+            .tensor("part", &part)
+            .scalar("mu", mu);
+        let defines = [
+            ("S", g.storage.dtype().to_string()),
+            ("T", w.dtype.to_string()),
+            ("TRANS", g.trans.to_string()),
+            ("MOMENTUM", momentum.is_some().to_string()),
+            ("NESTEROV", nesterov.to_string()),
+        ];
+        let kern = self.kernel("muon", "ns_prep", &defines, None, &args)?;
+        let mut grid = w.prep_grid();
+        grid[1] = k as u32;
+        self.launch_args(&kern, grid, &args)
+    }
+
+    /// `ns_scale`: every matrix of `w`'s current buffer divided by `max(||X||, eps)`.
+    pub(crate) fn ns_scale(&self, w: &NsWork, eps: f32) -> Result<(), OpError> {
+        let args = KernelArgs::new()
+            .tensor("x", w.current())
+            .tensor("part", &w.part)
+            .scalar("eps", eps);
+        let k = self.kernel("muon", "ns_scale", &[("T", w.dtype.to_string())], None, &args)?;
+        self.launch_args(&k, w.prep_grid(), &args)
+    }
+
+    /// The iterations, 3 products each, leaving the result in `w.current()`.
+    pub(crate) fn ns_iterate(
+        &self,
+        w: &mut NsWork,
+        sched: &[(f32, f32, f32)],
+    ) -> Result<(), OpError> {
+        for &(a, b, c) in sched {
+            let x = w.x[w.cur].clone();
+            let nx = w.x[1 - w.cur].clone();
+            self.ns_gram(w, &x, &w.b, &w.a, 1.0, 0.0, false)?;
+            self.ns_gram(w, &w.a, &w.a, &w.b, c, b, true)?;
+            self.ns_update(w, &w.b, &x, &nx, a)?;
+            w.cur = 1 - w.cur;
+        }
+        Ok(())
+    }
+
+    /// `out = alpha * x x^T (+ beta * d)`, per matrix, upper tiles mirrored.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn ns_gram(
+        &self,
+        w: &NsWork,
+        x: &Tensor,
+        d: &Tensor,
+        out: &Tensor,
+        alpha: f32,
+        beta: f32,
+        epi: bool,
+    ) -> Result<(), OpError> {
+        let x2 = x.reshape(&[w.k * w.mp, x.numel() / (w.k * w.mp)])?;
+        let args = KernelArgs::new()
+            .tensor("x", &x2)
+            .tensor("d", d)
+            .tensor("out", out)
+            .scalar("alpha", alpha)
+            .scalar("beta", beta);
+        let cands = gram_candidates();
+        let dt = w.dtype;
+        let (k, mp) = (w.k, w.mp);
+        self.launch_planned(
+            super::plan::PlanKey::new("ns_gram").word(epi as u64),
+            &args,
+            || format!("{dt} {k}x{mp}x{}", x2.shape()[1]),
+            || cands.iter().map(|c| c.label()).collect(),
+            |i| {
+                let c = cands[i];
+                let kern = self.kernel_full(
+                    "ns",
+                    "ns_gram",
+                    &[
+                        ("T", dt.to_string()),
+                        ("BM", c.bm.to_string()),
+                        ("BK", c.bk.to_string()),
+                        ("EPI", epi.to_string()),
+                    ],
+                    Some(c.warps),
+                    None,
+                    Some(c.stages),
+                    &args,
+                )?;
+                let t = mp / c.bm as usize;
+                let blocks = k * t * (t + 1) / 2;
+                let grid = [
+                    u32::try_from(blocks).map_err(|_| shape_err("newton_schulz", "too many tiles"))?,
+                    1,
+                    1,
+                ];
+                Ok((kern, grid))
+            },
+        )
+    }
+
+    /// `out = a * x + bm x`, per matrix.
+    fn ns_update(
+        &self,
+        w: &NsWork,
+        bm: &Tensor,
+        x: &Tensor,
+        out: &Tensor,
+        a: f32,
+    ) -> Result<(), OpError> {
+        let flat = |t: &Tensor| t.reshape(&[w.k * w.mp, w.np]);
+        let (x2, o2) = (flat(x)?, flat(out)?);
+        let args = KernelArgs::new()
+            .tensor("bm", bm)
+            .tensor("x", &x2)
+            .tensor("out", &o2)
+            .scalar("a", a);
+        let cands = update_candidates();
+        let dt = w.dtype;
+        let (k, mp, np) = (w.k, w.mp, w.np);
+        self.launch_planned(
+            super::plan::PlanKey::new("ns_update"),
+            &args,
+            || format!("{dt} {k}x{mp}x{np}"),
+            || cands.iter().map(|c| c.label()).collect(),
+            |i| {
+                let c = cands[i];
+                let kern = self.kernel_full(
+                    "ns",
+                    "ns_update",
+                    &[
+                        ("T", dt.to_string()),
+                        ("BM", c.bm.to_string()),
+                        ("BN", c.bn.to_string()),
+                        ("BK", c.bk.to_string()),
+                    ],
+                    Some(c.warps),
+                    None,
+                    Some(c.stages),
+                    &args,
+                )?;
+                let blocks = k * (mp / c.bm as usize) * np.div_ceil(c.bn as usize);
+                let grid = [
+                    u32::try_from(blocks).map_err(|_| shape_err("newton_schulz", "too many tiles"))?,
+                    1,
+                    1,
+                ];
+                Ok((kern, grid))
+            },
+        )
+    }
+
+    /// Into matrices `first ..` of the batch: `p = result` or, with `hp` (`[k, 2]` f32 rows `(decay, scale)`), `p = decay * p +
+    /// scale * result`, in p's storage orientation.
+    pub(crate) fn ns_emit_run(
+        &self,
+        w: &NsWork,
+        first: usize,
+        p: &Oriented,
+        hp: Option<&Tensor>,
+    ) -> Result<(), OpError> {
+        let x = w.current().narrow(0, first, p.storage.shape()[0])?;
+        let dummy;
+        let hp_t = match hp {
+            Some(h) => h,
+            None => {
+                dummy = w.part.narrow(1, 0, 1)?;
+                &dummy
+            }
+        };
+        let args = KernelArgs::new()
+            .tensor("p", &p.storage)
+            .tensor("x", &x)
+            .tensor("hp", hp_t);
+        let defines = [
+            ("S", p.storage.dtype().to_string()),
+            ("T", w.dtype.to_string()),
+            ("TRANS", p.trans.to_string()),
+            ("ACCUM", hp.is_some().to_string()),
+        ];
+        let k = self.kernel("muon", "ns_emit", &defines, None, &args)?;
+        let s = p.storage.shape();
+        let grid = [
+            (s[1].div_ceil(TILE) * s[2].div_ceil(TILE)) as u32,
+            s[0] as u32,
+            1,
+        ];
+        self.launch_args(&k, grid, &args)
+    }
+}
+
+/// A Newton–Schulz product's configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NsConfig {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    pub warps: u32,
+    pub stages: u32,
+}
+
+impl NsConfig {
+    pub fn label(&self) -> String {
+        format!(
+            "BM={} BN={} BK={} w{} s{}",
+            self.bm, self.bn, self.bk, self.warps, self.stages
+        )
+    }
+}
+
+const fn cfg(bm: u32, bn: u32, bk: u32, warps: u32, stages: u32) -> NsConfig {
+    NsConfig {
+        bm,
+        bn,
+        bk,
+        warps,
+        stages,
+    }
+}
+
+/// `ns_gram`'s candidates (square tiles; BM divides [`NS_ROW_ALIGN`]).
+pub fn gram_candidates() -> Vec<NsConfig> {
+    vec![
+        cfg(128, 128, 64, 8, 4),
+        cfg(128, 128, 64, 8, 3),
+        cfg(64, 64, 64, 4, 4),
+    ]
+}
+
+/// `ns_update`'s candidates (BM and BK divide [`NS_ROW_ALIGN`]).
+pub fn update_candidates() -> Vec<NsConfig> {
+    vec![
+        cfg(128, 128, 64, 8, 4),
+        cfg(128, 256, 64, 8, 3),
+        cfg(128, 256, 64, 8, 4),
+        cfg(128, 128, 64, 8, 3),
+        cfg(64, 128, 64, 4, 4),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kgen_runtime::Device;
+
+    /// f64 Newton–Schulz of one [r, c] matrix (row-major), as torch.optim.Muon.
+    fn ns_ref(x: &[f64], r: usize, c: usize, sched: &[(f32, f32, f32)]) -> Vec<f64> {
+        let tall = r > c;
+        let (m, n) = (r.min(c), r.max(c));
+        let mut w = vec![0.0; m * n];
+        for i in 0..r {
+            for j in 0..c {
+                let v = x[i * c + j];
+                if tall { w[j * n + i] = v } else { w[i * n + j] = v }
+            }
+        }
+        let nrm = w.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-7);
+        w.iter_mut().for_each(|v| *v /= nrm);
+        for &(a, b, cc) in sched {
+            let (a, b, cc) = (a as f64, b as f64, cc as f64);
+            let mut g = vec![0.0; m * m];
+            for i in 0..m { for j in 0..m { g[i * m + j] = (0..n).map(|t| w[i * n + t] * w[j * n + t]).sum(); } }
+            let mut bb = vec![0.0; m * m];
+            for i in 0..m { for j in 0..m { bb[i * m + j] = b * g[i * m + j] + cc * (0..m).map(|t| g[i * m + t] * g[t * m + j]).sum::<f64>(); } }
+            let mut nw = vec![0.0; m * n];
+            for i in 0..m { for j in 0..n { nw[i * n + j] = a * w[i * n + j] + (0..m).map(|t| bb[i * m + t] * w[t * n + j]).sum::<f64>(); } }
+            w = nw;
+        }
+        let mut out = vec![0.0; r * c];
+        for i in 0..r { for j in 0..c { out[i * c + j] = if tall { w[j * n + i] } else { w[i * n + j] }; } }
+        out
+    }
+
+    #[test]
+    fn interpreter_matches_f64() {
+        let d = Device::interpreter();
+        let ops = Ops::new(&d);
+        for &(k, r, c) in &[(1, 7, 5), (2, 5, 7), (1, 1, 1), (1, 20, 20), (2, 9, 33)] {
+            let mut rng = crate::cases::rng::Rng::new(7);
+            let data: Vec<f64> = (0..k * r * c).map(|_| rng.next_f64() * 2.0 - 1.0).collect();
+            let x = d.from_f64(DType::F32, &[k, r, c], &data).unwrap();
+            let y = ops.newton_schulz(&x, 5, &[QUINTIC]).unwrap();
+            let got = y.to_f64_vec().unwrap();
+            let sched = ns_schedule(&[QUINTIC], 5).unwrap();
+            let mut worst = 0.0f64;
+            for b in 0..k {
+                let want = ns_ref(&data[b * r * c..(b + 1) * r * c], r, c, &sched);
+                for (g, w) in got[b * r * c..(b + 1) * r * c].iter().zip(&want) {
+                    worst = worst.max((g - w).abs());
+                }
+            }
+            eprintln!("{k}x{r}x{c}: worst {worst}");
+            if r * c < 40 { eprintln!("got {:?}\nwant {:?}", &got[..r * c], ns_ref(&data[..r * c], r, c, &sched)); }
+            assert!(worst < 0.1, "{k}x{r}x{c}: {worst}");
+        }
+    }
+}
