@@ -53,7 +53,7 @@ impl TrainConfig {
             log_every: 20,
             seed: 1,
             muon: false,
-            muon_lr: 0.02,
+            muon_lr: 0.05,
         }
     }
 
@@ -69,7 +69,7 @@ impl TrainConfig {
             log_every: 25,
             seed: 1,
             muon: false,
-            muon_lr: 0.02,
+            muon_lr: 0.05,
         }
     }
 }
@@ -168,16 +168,8 @@ pub fn train(
         let s = 1.0 / (rows as f64).sqrt();
         (0..rows * cols).map(|_| rng.normalish() * s).collect()
     };
-    w_in.copy_from_host(&kgen_core::host::HostTensor::from_f64(
-        DType::F32,
-        &[d, 2 * f],
-        &init(d, 2 * f, &mut rng),
-    ))?;
-    w_out.copy_from_host(&kgen_core::host::HostTensor::from_f64(
-        DType::F32,
-        &[f, c],
-        &init(f, c, &mut rng),
-    ))?;
+    opt.init(0, d, 2 * f, &init(d, 2 * f, &mut rng))?;
+    opt.init(1, f, c, &init(f, c, &mut rng))?;
     w_norm.copy_from_host(&kgen_core::host::HostTensor::from_f64(
         DType::F32,
         &[d],
@@ -262,7 +254,7 @@ pub fn train(
 
 /// AdamW on everything, or Muon on the matrices and AdamW on the norm weight.
 enum Optimizer {
-    AdamW(AdamW),
+    AdamW(Box<AdamW>),
     Muon(Box<MuonWithAdamW>),
 }
 
@@ -297,13 +289,37 @@ impl Optimizer {
             },
             norm,
         ];
-        Ok(Optimizer::AdamW(AdamW::new(ops, DType::F32, DType::F32, groups)?))
+        Ok(Optimizer::AdamW(AdamW::new(
+            ops,
+            DType::F32,
+            DType::F32,
+            groups,
+        )?))
     }
 
     /// Parameter `i` (0: W_in, 1: W_out, 2: the norm weight) in the model's layout
     /// (`[in, out]` matrices).
     fn param(&self, i: usize) -> Result<Tensor, OpError> {
         self.view(i, false)
+    }
+
+    /// Writes matrix `i`'s initial values, given in the model's `[rows, cols]` layout.
+    fn init(&self, i: usize, rows: usize, cols: usize, v: &[f64]) -> Result<(), OpError> {
+        let (t, shape, vals) = match self {
+            Optimizer::AdamW(o) => (o.param(0, i), [rows, cols], v.to_vec()),
+            Optimizer::Muon(o) => {
+                // Muon stores torch's [out, in]: the transpose.
+                let mut tv = vec![0.0; v.len()];
+                for r in 0..rows {
+                    for c in 0..cols {
+                        tv[c * rows + r] = v[r * cols + c];
+                    }
+                }
+                (o.muon.param(0, i)?, [cols, rows], tv)
+            }
+        };
+        let h = kgen_core::host::HostTensor::from_f64(DType::F32, &shape, &vals);
+        Ok(t.copy_from_host(&h)?)
     }
 
     fn grad(&self, i: usize) -> Result<Tensor, OpError> {
@@ -373,7 +389,10 @@ mod tests {
         let d = Device::interpreter();
         let adamw = train(&d, &cfg, |_, _| {}).unwrap();
         let muon = train(&d, &TrainConfig { muon: true, ..cfg }, |_, _| {}).unwrap();
-        let (a, m) = (adamw.losses.last().unwrap().1, muon.losses.last().unwrap().1);
+        let (a, m) = (
+            adamw.losses.last().unwrap().1,
+            muon.losses.last().unwrap().1,
+        );
         assert!(m.is_finite() && m <= a, "final loss: Muon {m}, AdamW {a}");
     }
 }

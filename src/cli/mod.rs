@@ -220,7 +220,7 @@ struct TrainArgs {
     /// Use the interpreter even when there is a GPU.
     #[arg(long)]
     no_gpu: bool,
-    /// Muon (lr 0.02) on the weight matrices and AdamW on the rest, in one step
+    /// Muon (lr 0.05) on the weight matrices and AdamW on the rest, in one step
     /// (`kgen::optim::MuonWithAdamW`), instead of AdamW on everything.
     #[arg(long)]
     muon: bool,
@@ -243,6 +243,7 @@ pub fn main() -> i32 {
     let command = cli.command.unwrap_or(Command::Train(TrainArgs {
         steps: None,
         no_gpu: false,
+        muon: false,
     }));
     let result = std::panic::catch_unwind(move || match command {
         Command::Compile(a) => compile::compile(a),

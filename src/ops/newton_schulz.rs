@@ -45,7 +45,10 @@ pub fn ns_schedule(
     steps: usize,
 ) -> Result<Vec<(f32, f32, f32)>, OpError> {
     let bad = |what: String| Err(shape_err("newton_schulz", what));
-    if coeffs.iter().any(|&(a, b, c)| !(a.is_finite() && b.is_finite() && c.is_finite())) {
+    if coeffs
+        .iter()
+        .any(|&(a, b, c)| !(a.is_finite() && b.is_finite() && c.is_finite()))
+    {
         return bad("non-finite coefficient".into());
     }
     match coeffs.len() {
@@ -73,7 +76,12 @@ pub(crate) fn orient(op: &'static str, t: &Tensor) -> Result<Oriented, OpError> 
     let t3 = match t.rank() {
         2 => t.view(&[1, t.shape()[0], t.shape()[1]])?,
         3 => t.clone(),
-        r => return Err(shape_err(op, format!("a matrix or a batch of them, not rank {r}"))),
+        r => {
+            return Err(shape_err(
+                op,
+                format!("a matrix or a batch of them, not rank {r}"),
+            ))
+        }
     };
     let (r, c) = (t3.shape()[1], t3.shape()[2]);
     let s = t3.strides();
@@ -85,7 +93,11 @@ pub(crate) fn orient(op: &'static str, t: &Tensor) -> Result<Oriented, OpError> 
     } else {
         return Err(shape_err(
             op,
-            format!("{:?} with strides {:?}: one of the last two dimensions must be contiguous", t.shape(), t.strides()),
+            format!(
+                "{:?} with strides {:?}: one of the last two dimensions must be contiguous",
+                t.shape(),
+                t.strides()
+            ),
         ));
     };
     Ok(Oriented {
@@ -111,6 +123,8 @@ pub struct NsWork {
     part: Tensor,
     /// Which of `x` holds the current iterate.
     cur: usize,
+    /// `[1, 1, 1]` f32: `ns_prep`'s `buf` argument without momentum.
+    no_buf: Tensor,
     dtype: DType,
 }
 
@@ -148,6 +162,7 @@ impl NsWork {
             b: ops.zeros(dtype, &[k * mp, mp])?,
             part: ops.zeros(DType::F32, &[k, tiles])?,
             cur: 0,
+            no_buf: ops.zeros(DType::F32, &[1, 1, 1])?,
             dtype,
         })
     }
@@ -260,7 +275,7 @@ impl Ops {
         let part = w.part.narrow(0, first, k)?;
         let (buf, mu, nesterov) = match &momentum {
             Some(m) => (m.buf, m.mu, m.nesterov),
-            None => (&g.storage, 0.0, false),
+            None => (&w.no_buf, 0.0, false),
         };
         let args = KernelArgs::new()
             .tensor("g", &g.storage)
@@ -287,7 +302,13 @@ impl Ops {
             .tensor("x", w.current())
             .tensor("part", &w.part)
             .scalar("eps", eps);
-        let k = self.kernel("muon", "ns_scale", &[("T", w.dtype.to_string())], None, &args)?;
+        let k = self.kernel(
+            "muon",
+            "ns_scale",
+            &[("T", w.dtype.to_string())],
+            None,
+            &args,
+        )?;
         self.launch_args(&k, w.prep_grid(), &args)
     }
 
@@ -354,7 +375,8 @@ impl Ops {
                 let t = mp / c.bm as usize;
                 let blocks = k * t * (t + 1) / 2;
                 let grid = [
-                    u32::try_from(blocks).map_err(|_| shape_err("newton_schulz", "too many tiles"))?,
+                    u32::try_from(blocks)
+                        .map_err(|_| shape_err("newton_schulz", "too many tiles"))?,
                     1,
                     1,
                 ];
@@ -405,7 +427,8 @@ impl Ops {
                 )?;
                 let blocks = k * (mp / c.bm as usize) * np.div_ceil(c.bn as usize);
                 let grid = [
-                    u32::try_from(blocks).map_err(|_| shape_err("newton_schulz", "too many tiles"))?,
+                    u32::try_from(blocks)
+                        .map_err(|_| shape_err("newton_schulz", "too many tiles"))?,
                     1,
                     1,
                 ];
@@ -515,7 +538,11 @@ mod tests {
         for i in 0..r {
             for j in 0..c {
                 let v = x[i * c + j];
-                if tall { w[j * n + i] = v } else { w[i * n + j] = v }
+                if tall {
+                    w[j * n + i] = v
+                } else {
+                    w[i * n + j] = v
+                }
             }
         }
         let nrm = w.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-7);
@@ -523,15 +550,33 @@ mod tests {
         for &(a, b, cc) in sched {
             let (a, b, cc) = (a as f64, b as f64, cc as f64);
             let mut g = vec![0.0; m * m];
-            for i in 0..m { for j in 0..m { g[i * m + j] = (0..n).map(|t| w[i * n + t] * w[j * n + t]).sum(); } }
+            for i in 0..m {
+                for j in 0..m {
+                    g[i * m + j] = (0..n).map(|t| w[i * n + t] * w[j * n + t]).sum();
+                }
+            }
             let mut bb = vec![0.0; m * m];
-            for i in 0..m { for j in 0..m { bb[i * m + j] = b * g[i * m + j] + cc * (0..m).map(|t| g[i * m + t] * g[t * m + j]).sum::<f64>(); } }
+            for i in 0..m {
+                for j in 0..m {
+                    bb[i * m + j] = b * g[i * m + j]
+                        + cc * (0..m).map(|t| g[i * m + t] * g[t * m + j]).sum::<f64>();
+                }
+            }
             let mut nw = vec![0.0; m * n];
-            for i in 0..m { for j in 0..n { nw[i * n + j] = a * w[i * n + j] + (0..m).map(|t| bb[i * m + t] * w[t * n + j]).sum::<f64>(); } }
+            for i in 0..m {
+                for j in 0..n {
+                    nw[i * n + j] = a * w[i * n + j]
+                        + (0..m).map(|t| bb[i * m + t] * w[t * n + j]).sum::<f64>();
+                }
+            }
             w = nw;
         }
         let mut out = vec![0.0; r * c];
-        for i in 0..r { for j in 0..c { out[i * c + j] = if tall { w[j * n + i] } else { w[i * n + j] }; } }
+        for i in 0..r {
+            for j in 0..c {
+                out[i * c + j] = if tall { w[j * n + i] } else { w[i * n + j] };
+            }
+        }
         out
     }
 
@@ -554,7 +599,13 @@ mod tests {
                 }
             }
             eprintln!("{k}x{r}x{c}: worst {worst}");
-            if r * c < 40 { eprintln!("got {:?}\nwant {:?}", &got[..r * c], ns_ref(&data[..r * c], r, c, &sched)); }
+            if r * c < 40 {
+                eprintln!(
+                    "got {:?}\nwant {:?}",
+                    &got[..r * c],
+                    ns_ref(&data[..r * c], r, c, &sched)
+                );
+            }
             assert!(worst < 0.1, "{k}x{r}x{c}: {worst}");
         }
     }

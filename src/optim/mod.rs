@@ -65,8 +65,8 @@ use std::sync::Arc;
 pub mod grad;
 pub mod muon;
 
-pub use muon::{AdjustLr, Muon, MuonGroup, MuonWithAdamW};
 pub use grad::{clip_grad_norm_, grad_norm, read_grad_stats, GradNorm, GradStats, GradStatsLaunch};
+pub use muon::{AdjustLr, Muon, MuonGroup, MuonWithAdamW};
 
 /// Every group's segment of the flat buffers starts at a multiple of this many elements,
 /// so any kernel `BLOCK` dividing it keeps every chunk inside one group.

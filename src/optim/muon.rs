@@ -105,13 +105,19 @@ impl MuonGroup {
             return bad(format!("invalid weight_decay {}", self.weight_decay));
         }
         if !(0.0..1.0).contains(&self.momentum) {
-            return bad(format!("invalid momentum {} (must be in [0, 1))", self.momentum));
+            return bad(format!(
+                "invalid momentum {} (must be in [0, 1))",
+                self.momentum
+            ));
         }
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return bad(format!("invalid eps {}", self.eps));
         }
         if self.ns_steps >= 100 {
-            return bad(format!("ns_steps {} (torch allows fewer than 100)", self.ns_steps));
+            return bad(format!(
+                "ns_steps {} (torch allows fewer than 100)",
+                self.ns_steps
+            ));
         }
         ns_schedule(&self.ns_coefficients, self.ns_steps)
     }
@@ -170,7 +176,10 @@ impl Muon {
     /// (f32, f16 or bf16), all zero (write the initial values into [`Muon::param`]).
     pub fn new(ops: &Ops, dtype: DType, groups: Vec<MuonGroup>) -> Result<Muon, OpError> {
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Err(crate::ops::dtype_err("muon", format!("float parameters, not {dtype}")));
+            return Err(crate::ops::dtype_err(
+                "muon",
+                format!("float parameters, not {dtype}"),
+            ));
         }
         let mut scheds = Vec::new();
         for (i, gr) in groups.iter().enumerate() {
@@ -179,14 +188,21 @@ impl Muon {
         // Bucket key: wide shape, schedule, eps. Run key: stored shape, momentum.
         type BKey = (usize, usize, Vec<(u32, u32, u32)>, u64);
         let mut bkeys: Vec<BKey> = Vec::new();
-        let mut runs: Vec<Vec<(usize, usize, u64, bool, Vec<(usize, usize)>)>> = Vec::new();
+        // Per bucket: (rows, cols, momentum bits, nesterov, members).
+        type RKey = (usize, usize, u64, bool, Vec<(usize, usize)>);
+        let mut runs: Vec<Vec<RKey>> = Vec::new();
         for (gi, gr) in groups.iter().enumerate() {
             let bits: Vec<(u32, u32, u32)> = scheds[gi]
                 .iter()
                 .map(|&(a, b, c)| (a.to_bits(), b.to_bits(), c.to_bits()))
                 .collect();
             for (j, &[r, c]) in gr.shapes.iter().enumerate() {
-                let key = (r.min(c), r.max(c), bits.clone(), (gr.eps as f32).to_bits() as u64);
+                let key = (
+                    r.min(c),
+                    r.max(c),
+                    bits.clone(),
+                    (gr.eps as f32).to_bits() as u64,
+                );
                 let bi = match bkeys.iter().position(|k| *k == key) {
                     Some(b) => b,
                     None => {
@@ -278,7 +294,8 @@ impl Muon {
             .get(group)
             .and_then(|g| g.get(j))
             .ok_or_else(|| shape_err("muon", format!("no parameter ({group}, {j})")))?;
-        Ok(t.narrow(0, s.offset, s.rows * s.cols)?.reshape(&[s.rows, s.cols])?)
+        Ok(t.narrow(0, s.offset, s.rows * s.cols)?
+            .reshape(&[s.rows, s.cols])?)
     }
 
     /// Parameter `j` of `group`: a `[rows, cols]` view of the flat parameter buffer.

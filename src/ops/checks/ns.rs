@@ -6,7 +6,7 @@
 
 use super::common::{poisoned_on, random_on, read};
 use crate::cases::torch_muon::{newton_schulz_f64, singular_values_f64};
-use crate::ops::newton_schulz::{orient, ns_schedule, NsWork, QUINTIC};
+use crate::ops::newton_schulz::{ns_schedule, orient, NsWork, QUINTIC};
 use crate::ops::Ops;
 use kgen_core::types::DType;
 use kgen_runtime::Device;
@@ -134,8 +134,16 @@ fn check_gram(ops: &Ops, k: usize, r: usize, c: usize) -> Result<f64, String> {
     let w = NsWork::new(ops, DType::BF16, k, r, c).map_err(e)?;
     let gi = orient("ns_gram", &g).map_err(e)?;
     ops.ns_prep_run(&w, 0, &gi, None).map_err(e)?;
-    ops.ns_gram(&w, w.current(), w.update_matrix(), w.gram(), 1.0, 0.0, false)
-        .map_err(e)?;
+    ops.ns_gram(
+        &w,
+        w.current(),
+        w.update_matrix(),
+        w.gram(),
+        1.0,
+        0.0,
+        false,
+    )
+    .map_err(e)?;
     let (mp, np) = (w.mp, w.np);
     let x = read(w.current())?;
     let a = read(w.gram())?;
@@ -148,7 +156,9 @@ fn check_gram(ops: &Ops, k: usize, r: usize, c: usize) -> Result<f64, String> {
                 let v = a[(b * mp + i) * mp + j];
                 let mirror = a[(b * mp + j) * mp + i];
                 if v.to_bits() != mirror.to_bits() {
-                    return Err(format!("matrix {b}: A[{i}][{j}] = {v} but A[{j}][{i}] = {mirror}"));
+                    return Err(format!(
+                        "matrix {b}: A[{i}][{j}] = {v} but A[{j}][{i}] = {mirror}"
+                    ));
                 }
                 if i >= m || j >= m {
                     if v != 0.0 {
@@ -169,4 +179,48 @@ fn check_gram(ops: &Ops, k: usize, r: usize, c: usize) -> Result<f64, String> {
         }
     }
     Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every Newton–Schulz check passes on the interpreter.
+    #[test]
+    fn newton_schulz_checks_pass_on_the_interpreter() {
+        for (label, r) in gpu_checks(&Device::interpreter()) {
+            let e = r.unwrap_or_else(|why| panic!("{label}: {why}"));
+            eprintln!("{label}: {e:.2e}");
+        }
+    }
+
+    /// Shapes, dtypes and coefficient lists the op refuses, before any launch.
+    #[test]
+    fn bad_arguments_are_typed_errors() {
+        let d = Device::interpreter();
+        let ops = Ops::new(&d);
+        let x = d.zeros(DType::BF16, &[4, 6]).unwrap();
+        let three = d.zeros(DType::BF16, &[2, 2, 2, 2]).unwrap();
+        let ints = d.zeros(DType::I32, &[4, 6]).unwrap();
+        let other = d.zeros(DType::BF16, &[6, 4]).unwrap();
+        let q = [QUINTIC];
+        assert!(ops.newton_schulz(&x, 5, &[QUINTIC, QUINTIC]).is_err());
+        assert!(ops.newton_schulz(&x, 5, &[(f32::NAN, 1.0, 1.0)]).is_err());
+        assert!(ops.newton_schulz(&three, 5, &q).is_err());
+        assert!(ops.newton_schulz(&ints, 5, &q).is_err());
+        assert!(ops.newton_schulz_into(&x, &other, 5, &q).is_err());
+        // A view with neither of the last two dimensions contiguous.
+        let big = d.zeros(DType::BF16, &[8, 12]).unwrap();
+        let strided = big.transpose(0, 1).unwrap().narrow(0, 0, 6).unwrap();
+        let sv = crate::ops::newton_schulz::orient("t", &strided);
+        assert!(sv.is_ok(), "a transposed view is fine");
+        // Zero-size: nothing to do, no error.
+        let empty = d.zeros(DType::BF16, &[0, 5]).unwrap();
+        assert!(ops.newton_schulz(&empty, 5, &q).is_ok());
+        // A per-step schedule is accepted.
+        let sched = [QUINTIC, (3.0, -3.2, 1.2), QUINTIC];
+        assert!(ops
+            .newton_schulz(&x.view(&[1, 4, 6]).unwrap(), 3, &sched)
+            .is_ok());
+    }
 }

@@ -17,7 +17,13 @@ pub(crate) fn two_groups(big: bool) -> Vec<MuonGroup> {
     vec![
         MuonGroup {
             weight_decay: 0.1,
-            shapes: vec![[33 * s, 70 * s], [70 * s, 33 * s], [20, 20], [1, 1], [33 * s, 70 * s]],
+            shapes: vec![
+                [33 * s, 70 * s],
+                [70 * s, 33 * s],
+                [20, 20],
+                [1, 1],
+                [33 * s, 70 * s],
+            ],
             ..MuonGroup::new(0.02)
         },
         MuonGroup {
@@ -71,7 +77,9 @@ pub(crate) fn check_muon(
         for (j, &[r, c]) in g.shapes.iter().enumerate() {
             let p0: Vec<f64> = (0..r * c).map(|_| rng.normalish() * 0.1).collect();
             let p = opt.param(gi, j).map_err(e)?;
-            let t = device.from_f64(DType::F32, &[r, c], &p0).map_err(|x| x.to_string())?;
+            let t = device
+                .from_f64(DType::F32, &[r, c], &p0)
+                .map_err(|x| x.to_string())?;
             p.copy_from(&t).map_err(|x| x.to_string())?;
             v.push((p.to_f64_vec().map_err(|x| x.to_string())?, vec![0.0; r * c]));
         }
@@ -83,8 +91,13 @@ pub(crate) fn check_muon(
             let h = torch_hyper(g);
             for (j, &[r, c]) in g.shapes.iter().enumerate() {
                 let gv: Vec<f64> = (0..r * c).map(|_| rng.normalish()).collect();
-                let t = device.from_f64(DType::F32, &[r, c], &gv).map_err(|x| x.to_string())?;
-                opt.grad(gi, j).map_err(e)?.copy_from(&t).map_err(|x| x.to_string())?;
+                let t = device
+                    .from_f64(DType::F32, &[r, c], &gv)
+                    .map_err(|x| x.to_string())?;
+                opt.grad(gi, j)
+                    .map_err(e)?
+                    .copy_from(&t)
+                    .map_err(|x| x.to_string())?;
                 let gr = t.to_f64_vec().map_err(|x| x.to_string())?;
                 let (p, buf) = &mut refs[gi][j];
                 torch_muon_step(&h, p, &gr, buf, r, c, true);
@@ -96,7 +109,11 @@ pub(crate) fn check_muon(
     let mut worst = 0.0f64;
     for (gi, g) in groups.iter().enumerate() {
         for j in 0..g.shapes.len() {
-            let got = opt.param(gi, j).map_err(e)?.to_f64_vec().map_err(|x| x.to_string())?;
+            let got = opt
+                .param(gi, j)
+                .map_err(e)?
+                .to_f64_vec()
+                .map_err(|x| x.to_string())?;
             for (i, (a, b)) in got.iter().zip(&refs[gi][j].0).enumerate() {
                 let err = (a - b).abs() / (scale * steps as f64);
                 if !err.is_finite() || err > MUON_TOL {
@@ -121,8 +138,63 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
     vec![(
         format!(
             "muon 10 steps, 2 groups, {} matrices of mixed shapes vs torch.optim.Muon in f64",
-            two_groups(big).iter().map(|g| g.shapes.len()).sum::<usize>()
+            two_groups(big)
+                .iter()
+                .map(|g| g.shapes.len())
+                .sum::<usize>()
         ),
         check_muon(device, two_groups(big), 10, 11),
     )]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ten Muon steps, two groups, mixed shapes, against torch.optim.Muon in f64.
+    #[test]
+    fn muon_matches_torch_on_the_interpreter() {
+        let e = check_muon(&Device::interpreter(), two_groups(false), 10, 5).unwrap();
+        eprintln!("muon drift {e:.2e}");
+    }
+
+    /// The layout: buckets by wide shape and schedule, the launch count of a step.
+    #[test]
+    fn buckets_and_launches() {
+        let d = Device::interpreter();
+        let ops = Ops::new(&d);
+        let mut opt = Muon::new(&ops, DType::F32, two_groups(false)).unwrap();
+        // Wide shapes: 33x70 (three matrices, two stored orientations), 20x20 (two
+        // groups, two momentum settings), 1x1, 5x7.
+        assert_eq!(opt.buckets(), 4);
+        opt.step(&ops).unwrap();
+        // prep per run (2 + 2 + 1 + 1), scale and 15 products per bucket, emit per run.
+        assert_eq!(opt.step_launches(), 6 + 4 * 16 + 6);
+        assert_eq!(opt.param(0, 1).unwrap().shape(), [70, 33]);
+        assert!(opt.param(2, 0).is_err());
+    }
+
+    /// torch's argument checks.
+    #[test]
+    fn bad_hyperparameters_are_errors() {
+        let d = Device::interpreter();
+        let ops = Ops::new(&d);
+        let with = |f: &dyn Fn(&mut MuonGroup)| {
+            let mut g = MuonGroup {
+                shapes: vec![[4, 4]],
+                ..MuonGroup::new(0.02)
+            };
+            f(&mut g);
+            Muon::new(&ops, DType::F32, vec![g]).is_err()
+        };
+        assert!(with(&|g| g.lr = -1.0));
+        assert!(with(&|g| g.momentum = 1.0));
+        assert!(with(&|g| g.weight_decay = f64::NAN));
+        assert!(with(&|g| g.ns_steps = 100));
+        assert!(with(&|g| g.ns_coefficients = vec![QUINTIC_F32; 2]));
+        assert!(!with(&|_| {}));
+        assert!(Muon::new(&ops, DType::I32, vec![]).is_err());
+    }
+
+    const QUINTIC_F32: (f32, f32, f32) = crate::ops::newton_schulz::QUINTIC;
 }
