@@ -289,12 +289,8 @@ impl Optimizer {
             },
             norm,
         ];
-        Ok(Optimizer::AdamW(AdamW::new(
-            ops,
-            DType::F32,
-            DType::F32,
-            groups,
-        )?))
+        let adamw = AdamW::new(ops, DType::F32, DType::F32, groups)?;
+        Ok(Optimizer::AdamW(Box::new(adamw)))
     }
 
     /// Parameter `i` (0: W_in, 1: W_out, 2: the norm weight) in the model's layout

@@ -211,11 +211,17 @@ pub fn selftest(a: SelftestArgs) -> CliResult {
         .arch
         .or_else(|| gpu.as_ref().and_then(|g| g.arch()))
         .unwrap_or(Arch::Sm90a);
-    // `--filter ops`: only the op library and #[kernel] checks.
-    let ops_only = a.filter.as_deref() == Some("ops");
+    // `--filter ops`: only the op library and #[kernel] checks; `--filter ops:ns,optim`:
+    // only those groups of op checks (kgen::ops::checks::GROUPS).
+    let op_groups: Option<Vec<String>> = a
+        .filter
+        .as_deref()
+        .and_then(|f| f.strip_prefix("ops:"))
+        .map(|g| g.split(',').map(str::to_string).collect());
+    let ops_only = a.filter.as_deref() == Some("ops") || op_groups.is_some();
     let mut cases = all_cases(a.seed, sizes);
     if let Some(pat) = &a.filter {
-        cases.retain(|c| c.label.contains(pat.as_str()));
+        cases.retain(|c| !ops_only && c.label.contains(pat.as_str()));
     }
     if cases.is_empty() && !ops_only {
         return Err(CliError::Msg(match &a.filter {
@@ -303,7 +309,7 @@ pub fn selftest(a: SelftestArgs) -> CliResult {
         None => kgen::runtime::Device::interpreter(),
     };
     let op_failures = if a.filter.is_none() || ops_only {
-        super::selftest_ops::run(&device)
+        super::selftest_ops::run(&device, op_groups.as_deref())?
     } else {
         0
     };

@@ -162,9 +162,25 @@ fn macro_checks(device: &Device) -> Vec<Check> {
 }
 
 /// All op-level checks; returns the number of failures.
-pub fn run(device: &Device) -> usize {
-    let mut checks: Vec<Check> = macro_checks(device);
-    for (label, r) in kgen::ops::checks::gpu_checks(device) {
+pub fn run(device: &Device, groups: Option<&[String]>) -> Result<usize, super::common::CliError> {
+    let mut checks: Vec<Check> = match groups {
+        None => macro_checks(device),
+        Some(_) => Vec::new(),
+    };
+    let results = match groups {
+        None => kgen::ops::checks::gpu_checks(device),
+        Some(g) => {
+            let known = kgen::ops::checks::GROUPS;
+            if let Some(bad) = g.iter().find(|x| !known.contains(&x.as_str())) {
+                return Err(super::common::CliError::Msg(format!(
+                    "no op check group `{bad}` (groups: {})",
+                    known.join(", ")
+                )));
+            }
+            kgen::ops::checks::gpu_checks_of(device, |name| g.iter().any(|x| x == name))
+        }
+    };
+    for (label, r) in results {
         checks.push((label, r, f64::INFINITY));
     }
     say(format_args!(
@@ -196,5 +212,5 @@ pub fn run(device: &Device) -> usize {
             }
         ));
     }
-    failed
+    Ok(failed)
 }

@@ -24,7 +24,68 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
             "graph capture: linear bf16 +bias GELU with pre-activation, linear_backward (dx, dw, db) replayed vs eager".into(),
             check_linear_capture(device),
         ),
+        (
+            "graph capture: Muon step (momentum, batched Newton-Schulz, update) replayed vs eager".into(),
+            check_muon_capture(device),
+        ),
     ]
+}
+
+/// Muon's step captured after one eager step (which compiles and tunes), replayed three
+/// times: bit for bit four eager steps of an optimizer with the same parameters and
+/// gradients. On the interpreter: nothing to capture (0).
+fn check_muon_capture(device: &Device) -> Result<f64, String> {
+    use crate::optim::{Muon, MuonGroup};
+    if !device.is_gpu() {
+        return Ok(0.0);
+    }
+    let e = |x: OpError| x.to_string();
+    let s = device.new_stream().map_err(|x| x.to_string())?;
+    let ops = Ops::with_stream(device, s.clone());
+    let groups = vec![MuonGroup {
+        shapes: vec![[300, 128], [128, 300], [64, 64], [64, 64]],
+        ..MuonGroup::new(0.02)
+    }];
+    let make = || -> Result<Muon, String> {
+        let opt = Muon::new(&ops, DType::F32, groups.clone()).map_err(e)?;
+        let mut rng = crate::cases::Rng::new(9);
+        for t in [opt.params_flat().clone(), opt.grads_flat().clone()] {
+            let v: Vec<f64> = (0..t.numel()).map(|_| rng.normalish()).collect();
+            t.copy_from_host(&kgen_core::host::HostTensor::from_f64(
+                DType::F32,
+                t.shape(),
+                &v,
+            ))
+            .map_err(|x| x.to_string())?;
+        }
+        s.wait_for(&device.stream()).map_err(|x| x.to_string())?;
+        Ok(opt)
+    };
+    let (mut eager, mut replayed) = (make()?, make()?);
+    for _ in 0..4 {
+        eager.step(&ops).map_err(e)?;
+    }
+    replayed.step(&ops).map_err(e)?;
+    s.begin_capture().map_err(|x| x.to_string())?;
+    let captured = replayed.step(&ops);
+    let graph = s.end_capture().map_err(|x| x.to_string())?;
+    captured.map_err(e)?;
+    for _ in 0..3 {
+        graph.launch().map_err(|x| x.to_string())?;
+    }
+    s.synchronize().map_err(|x| x.to_string())?;
+    let read = |t: &Tensor| t.to_f64_vec().map_err(|x| x.to_string());
+    let (a, b) = (read(eager.params_flat())?, read(replayed.params_flat())?);
+    if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+        return Err(format!(
+            "Muon: 4 eager steps vs 1 + 3 replays differ at {i}: {} vs {}",
+            a[i], b[i]
+        ));
+    }
+    if a.iter().any(|v| !v.is_finite()) {
+        return Err("Muon: non-finite parameters".into());
+    }
+    Ok(0.0)
 }
 
 /// A bf16 linear layer with a bias and GELU, forward (saving the pre-activation) and

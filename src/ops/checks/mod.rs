@@ -22,18 +22,39 @@ pub mod norm;
 pub mod ns;
 pub mod rope;
 
+/// The groups of [`gpu_checks`], by name (`kgen selftest --filter ops:ns,optim`).
+pub const GROUPS: &[&str] = &[
+    "linear", "gemm", "norm", "act", "rope", "loss", "ns", "optim", "capture",
+];
+
 /// Every op run once on `device` against a float64 reference (the op half of
 /// `kgen selftest`): (label, max relative error, or why it failed).
 pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
+    gpu_checks_of(device, |_| true)
+}
+
+/// [`gpu_checks`] of the groups `want` accepts (names of [`GROUPS`]).
+pub fn gpu_checks_of(
+    device: &Device,
+    want: impl Fn(&str) -> bool,
+) -> Vec<(String, Result<f64, String>)> {
+    type Group = fn(&Device) -> Vec<(String, Result<f64, String>)>;
+    let groups: [(&str, Group); 9] = [
+        ("linear", linear::gpu_checks),
+        ("gemm", gemm::gpu_checks),
+        ("norm", norm::gpu_checks),
+        ("act", act::gpu_checks),
+        ("rope", rope::gpu_checks),
+        ("loss", loss::gpu_checks),
+        ("ns", ns::gpu_checks),
+        ("optim", crate::optim::checks::gpu_checks),
+        ("capture", capture::gpu_checks),
+    ];
     let mut v = Vec::new();
-    v.extend(linear::gpu_checks(device));
-    v.extend(gemm::gpu_checks(device));
-    v.extend(norm::gpu_checks(device));
-    v.extend(act::gpu_checks(device));
-    v.extend(rope::gpu_checks(device));
-    v.extend(loss::gpu_checks(device));
-    v.extend(ns::gpu_checks(device));
-    v.extend(crate::optim::checks::gpu_checks(device));
-    v.extend(capture::gpu_checks(device));
+    for (name, f) in groups {
+        if want(name) {
+            v.extend(f(device));
+        }
+    }
     v
 }
