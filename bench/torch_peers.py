@@ -5,7 +5,8 @@ What it does: on the current CUDA GPU, times each bandwidth-bound workload of AN
 (AdamW, RMSNorm, LayerNorm, SwiGLU, RoPE, softmax, cross-entropy, grad norm / clipping),
 the device-to-device copy ceiling (a 1 GiB `copy_`), bf16 GEMM through torch.matmul
 (the cuBLAS peer), fp16 linear layers (F.linear with a bias, forward, and its autograd
-backward) and Muon's Newton-Schulz iteration, once per peer (eager,
+backward), Muon's Newton-Schulz iteration (single and batched matrices) and a whole
+torch.optim.Muon step over GPT-2's hidden matrices, once per peer (eager,
 torch.compile, AdamW fused / foreach, ...). Prints a table and, with --json FILE, writes
 a list of records {workload, shape, dtype, peer, median_us, gbps, bytes, ...} that
 `kgen bench` reads to print kgen and torch side by side.
@@ -72,8 +73,27 @@ def numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
+def gpt2_hidden_matrices() -> list[tuple[str, tuple[int, int]]]:
+    """The 48 hidden matrices of GPT-2 small that Muon updates (embeddings, biases and
+    norms go to AdamW), in torch's nn.Linear layout [out, in] (what torch.optim.Muon
+    users hold; HF's Conv1D stores the transpose, which costs Muon the same)."""
+    d, layers = 768, 12
+    shapes: list[tuple[str, tuple[int, int]]] = []
+    for i in range(layers):
+        h = f"h.{i}."
+        shapes += [
+            (h + "attn.c_attn.weight", (3 * d, d)),
+            (h + "attn.c_proj.weight", (d, d)),
+            (h + "mlp.c_fc.weight", (4 * d, d)),
+            (h + "mlp.c_proj.weight", (d, 4 * d)),
+        ]
+    return shapes
+
+
 GPT2_SHAPES = gpt2_param_shapes()
 GPT2_NUMEL = sum(numel(s) for _, s in GPT2_SHAPES)
+GPT2_HIDDEN = gpt2_hidden_matrices()
+GPT2_HIDDEN_NUMEL = sum(numel(s) for _, s in GPT2_HIDDEN)
 
 
 @dataclass(frozen=True)
@@ -142,15 +162,40 @@ def _linear(m, n, k, bwd):
         flops=(4 if bwd else 2) * m * n * k)
 
 
-def _newton_schulz(rows, cols, steps=5):
+def _ns_flops(rows, cols, steps):
+    """One Newton-Schulz orthogonalization of a [rows, cols] matrix: per step A = X X^T
+    (2*m*m*n), A @ A (2*m^3), B @ X (2*m*m*n), m = min(rows, cols), n = max."""
     m, n = min(rows, cols), max(rows, cols)
+    return steps * (4 * m * m * n + 2 * m ** 3)
+
+
+def _newton_schulz(rows, cols, batch=1, steps=5):
+    """Muon's Newton-Schulz on one bf16 [rows, cols] matrix, or on a batch of them
+    ([batch, rows, cols], each matrix orthogonalized on its own)."""
+    dims = f"{batch}x{rows}x{cols}" if batch > 1 else f"{rows}x{cols}"
     return Workload(
-        f"newton_schulz{steps}_bf16_{rows}x{cols}", f"{rows}x{cols}", "bf16",
-        2 * 2 * rows * cols,
-        "4*rows*cols: read G, write X once (bf16); flops = steps*(4*m*m*n + 2*m^3), "
-        "m = min(rows, cols), n = max",
-        ("eager",), "newton_schulz", {"rows": rows, "cols": cols, "steps": steps},
-        flops=steps * (4 * m * m * n + 2 * m ** 3))
+        f"newton_schulz{steps}_bf16_{dims}", dims, "bf16",
+        2 * 2 * batch * rows * cols,
+        "4*batch*rows*cols: read G, write X once (bf16); flops = "
+        "batch*steps*(4*m*m*n + 2*m^3), m = min(rows, cols), n = max",
+        ("eager", "compile"), "newton_schulz",
+        {"rows": rows, "cols": cols, "batch": batch, "steps": steps},
+        flops=batch * _ns_flops(rows, cols, steps))
+
+
+def _muon_step(steps=5):
+    """torch.optim.Muon's step over GPT-2 small's 48 hidden matrices: fp32 params, grads
+    and momentum, the Newton-Schulz iteration in bf16."""
+    n = GPT2_HIDDEN_NUMEL
+    return Workload(
+        "muon_step_gpt2",
+        f"GPT-2 124M hidden matrices ({len(GPT2_HIDDEN)} tensors, [out, in])", "fp32",
+        20 * n,
+        f"N*(1+2+2)*4: read g, read+write momentum, read+write p (fp32; N = {n:,} "
+        "elements of the 48 matrices; the bf16 Newton-Schulz temporaries excluded); "
+        "flops = sum over matrices of steps*(4*m*m*n + 2*m^3)",
+        ("torch_muon",), "muon", {"steps": steps},
+        flops=sum(_ns_flops(r, c, steps) for _, (r, c) in GPT2_HIDDEN))
 
 
 def _workloads() -> list[Workload]:
@@ -236,8 +281,12 @@ def _workloads() -> list[Workload]:
     for size in (2048, 4096, 8192):
         for bwd in (False, True):
             w.append(_linear(size, size, size, bwd))
-    for rows, cols in ((4096, 4096), (2048, 2048), (1024, 1024), (768, 3072)):
+    # Muon: Newton-Schulz on square matrices, a GPT-2 MLP's shape, and 12 matrices of
+    # 768x768 in one batched call; then a whole Muon step over GPT-2's hidden matrices.
+    for rows, cols in ((1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (768, 3072)):
         w.append(_newton_schulz(rows, cols))
+    w.append(_newton_schulz(768, 768, batch=12))
+    w.append(_muon_step())
     return w
 
 
@@ -281,6 +330,14 @@ def self_check(readme_path: str | None) -> int:
     check(len(GPT2_SHAPES) == 148, f"GPT-2 parameter tensors: {len(GPT2_SHAPES)} (want 148)")
     check(abs(GPT2_NUMEL - 124.4e6) < 0.05e6,
           f"GPT-2 parameters: {GPT2_NUMEL:,} (want ~124.4M, lm_head tied)")
+    hidden = sorted(s for _, s in GPT2_HIDDEN)
+    conv1d = sorted((s[1], s[0]) for n, s in GPT2_SHAPES
+                    if len(s) == 2 and n not in ("wte", "wpe"))
+    check(len(GPT2_HIDDEN) == 48 and hidden == conv1d,
+          f"GPT-2 hidden matrices: {len(GPT2_HIDDEN)} (want 48), the [in, out] weights "
+          "of the GPT-2 list transposed")
+    check(GPT2_HIDDEN_NUMEL == 84_934_656,
+          f"GPT-2 hidden matrix elements: {GPT2_HIDDEN_NUMEL:,} (want 84,934,656)")
     names = [w.name for w in WORKLOADS]
     check(len(names) == len(set(names)), "workload names are unique")
     check(all(n.replace("_", "").isalnum() for n in names), "names are [A-Za-z0-9_]")
@@ -512,7 +569,15 @@ def build_linear(torch, w, peer):
 
 
 def newton_schulz5(torch, G, steps=5, coeffs=(3.4445, -4.7750, 2.0315)):
-    """Muon's quintic Newton-Schulz orthogonalization (Keller Jordan's reference)."""
+    """Muon's quintic Newton-Schulz orthogonalization, Keller Jordan's reference form
+    (`zeropower_via_newtonschulz5`), on [m, n] or batched [..., m, n] input (each matrix
+    on its own: .mT and the norm over the last two dims).
+
+    torch.optim.Muon's own `_zeropower_via_newtonschulz` (2-D only) differs in form, not
+    in work: it normalizes in place with `X.div_(X.norm().clamp(min=eps))`, eps = 1e-7,
+    where this adds eps to the norm, and newer torch can fold the scale-and-add into
+    `torch.addmm(C, A, B, beta=.., alpha=..)` (`use_addmm`). Both do the same three
+    products per step, so the same FLOPs: steps*(4*m*m*n + 2*m^3)."""
     a, b, c = coeffs
     X = G.bfloat16()
     tall = G.size(-2) > G.size(-1)
@@ -529,9 +594,41 @@ def newton_schulz5(torch, G, steps=5, coeffs=(3.4445, -4.7750, 2.0315)):
 
 
 def build_newton_schulz(torch, w, peer):
-    G = torch.randn(w.args["rows"], w.args["cols"], device="cuda", dtype=torch.bfloat16)
+    rows, cols, batch = w.args["rows"], w.args["cols"], w.args["batch"]
+    shape = (batch, rows, cols) if batch > 1 else (rows, cols)
+    G = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     steps = w.args["steps"]
-    return lambda: newton_schulz5(torch, G, steps)
+
+    def f(G):
+        return newton_schulz5(torch, G, steps)
+
+    if peer == "compile":
+        f = _compile(torch, f)
+    elif peer != "eager":
+        raise ValueError(f"unknown peer {peer}")
+    return lambda: f(G)
+
+
+def build_muon(torch, w, peer):
+    """torch.optim.Muon (torch >= 2.9) over GPT-2's 48 hidden matrices in nn.Linear's
+    [out, in] layout: fp32 params N(0, 0.02^2) and grads N(0, 0.01^2), set once; each
+    timed call is one opt.step() (momentum, Newton-Schulz in bf16, decay, update; the
+    warm-up's first step allocates the momentum buffers)."""
+    if peer != "torch_muon":
+        raise ValueError(f"unknown peer {peer}")
+    Muon = getattr(torch.optim, "Muon", None)
+    if Muon is None:
+        raise RuntimeError(f"torch.optim.Muon is missing in torch {torch.__version__} "
+                           "(it needs torch >= 2.9)")
+    params = []
+    for _, s in GPT2_HIDDEN:
+        p = torch.nn.Parameter(torch.randn(s, device="cuda", dtype=torch.float32) * 0.02)
+        p.grad = torch.randn(s, device="cuda", dtype=torch.float32) * 1e-2
+        params.append(p)
+    opt = Muon(params, lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
+               ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-07,
+               ns_steps=w.args["steps"], adjust_lr_fn=None)
+    return opt.step
 
 
 BUILDERS = {
@@ -540,6 +637,7 @@ BUILDERS = {
     "rope": build_rope, "softmax": build_softmax, "cross_entropy": build_cross_entropy,
     "clip_grad_norm": build_clip_grad_norm, "grad_norm": build_grad_norm,
     "gemm": build_gemm, "newton_schulz": build_newton_schulz, "linear": build_linear,
+    "muon": build_muon,
 }
 
 

@@ -44,7 +44,8 @@ if [ -n "${FILTER:-}" ]; then
     kgen_filter=(--filter "$FILTER")
 fi
 
-# Pass 1: every non-compile peer (copy, AdamW fused/foreach, eager, cuBLAS, Newton-Schulz).
+# Pass 1: every non-compile peer (copy, AdamW fused/foreach, eager, cuBLAS, Newton-Schulz,
+# torch.optim.Muon).
 timeout "${EAGER_TIMEOUT:-150}" python3 bench/torch_peers.py --no-compile "${quick[@]}" \
     "${torch_filter[@]}" --json "$OUT/peers_eager.json" >"$OUT/torch_eager.log" 2>&1
 eager_rc=$?

@@ -42,7 +42,13 @@ pub enum Fill {
 const POOL: usize = 1 << 22;
 
 /// A host-generated pool of `n` values (never more than [`POOL`]) on `device`.
-fn pool(device: &Device, dtype: DType, n: usize, how: Fill, seed: u64) -> Result<Tensor, OpError> {
+pub(super) fn pool(
+    device: &Device,
+    dtype: DType,
+    n: usize,
+    how: Fill,
+    seed: u64,
+) -> Result<Tensor, OpError> {
     let n = n.clamp(1, POOL);
     let mut rng = Rng::new(seed);
     let values: Vec<f64> = (0..n)
@@ -65,7 +71,7 @@ fn pool(device: &Device, dtype: DType, n: usize, how: Fill, seed: u64) -> Result
 
 /// Copies `pool` (1-D, t's dtype) over the contiguous `t`, repeating it (device copies
 /// on the device's default stream; asynchronous on a GPU).
-fn tile_from(t: &Tensor, pool: &Tensor) -> Result<(), OpError> {
+pub(super) fn tile_from(t: &Tensor, pool: &Tensor) -> Result<(), OpError> {
     let n = t.numel();
     let flat = t.reshape(&[n])?;
     let pool_n = pool.numel();

@@ -17,6 +17,7 @@ use std::fmt::Write as _;
 
 pub mod gemm;
 pub mod measure;
+pub mod muon;
 
 /// The 148 parameter tensors of GPT-2 small (124M) in nanoGPT order (weight-tied
 /// lm_head not counted), linear weights `[in, out]` as HF's Conv1D stores them: the same

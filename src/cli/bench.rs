@@ -354,7 +354,54 @@ pub fn bench(a: BenchArgs) -> CliResult {
         ));
     }
 
+    // Muon: Newton-Schulz and a whole Muon step beside torch's peers (from --peers).
+    let muon_plan: Vec<_> = kgen::bench::muon::muon_workloads()
+        .into_iter()
+        .filter(|w| selected(&w.name, a.filter.as_deref()))
+        .collect();
+    let mut muon_table = None;
+    let mut muon_json = None;
+    if !muon_plan.is_empty() {
+        let timer = Timer::new(&ops, if a.quick { 10 } else { 20 }, 3, FLUSH_BYTES)
+            .map_err(|e| CliError::Msg(e.to_string()))?;
+        let mut muon_rows = Vec::new();
+        for (i, w) in muon_plan.iter().enumerate() {
+            let t = std::time::Instant::now();
+            let row = kgen::bench::muon::run_muon(&ops, &timer, w, 0x6d75_6f6e ^ i as u64);
+            progress(format!(
+                "[muon {}/{}] {:<32} {} ({:.1} s)",
+                i + 1,
+                muon_plan.len(),
+                w.name,
+                match &row.kgen {
+                    Ok(m) => format!(
+                        "{:.1} us, {:.0} TFLOP/s",
+                        m.median_us,
+                        row.tflops(m.median_us)
+                    ),
+                    Err(e) => format!("ERROR {e}"),
+                },
+                t.elapsed().as_secs_f64()
+            ));
+            if row.kgen.is_err() {
+                failed += 1;
+            }
+            muon_rows.push(row);
+        }
+        if let Some(p) = &peers {
+            kgen::bench::muon::merge_muon_peers(&mut muon_rows, p);
+        }
+        muon_json = Some(kgen::bench::muon::muon_rows_json(&muon_rows));
+        muon_table = Some(format!(
+            "# Muon (bf16 Newton-Schulz, 5 quintic steps): kgen (Ops::newton_schulz_into; Muon::step over fp32 params) vs torch (from --peers: zeropower_via_newtonschulz5 eager / torch.compile; torch.optim.Muon); TF/s from the Newton-Schulz flops; check = the sampled rows' mean squared norm (Newton-Schulz, ~1) or the sampled params' RMS (the step)\n{}",
+            kgen::bench::muon::format_muon_table(&muon_rows).trim_end()
+        ));
+    }
+
     let mut extras = serde_json::Map::new();
+    if let Some(j) = muon_json {
+        extras.insert("muon".into(), j);
+    }
     let mut extra_lines = Vec::new();
     let (line, spills) = spill_report(&device);
     extra_lines.push(line);
@@ -615,10 +662,15 @@ pub fn bench(a: BenchArgs) -> CliResult {
             .into_iter()
             .map(|w| w.name)
             .collect();
+        let muon_names: Vec<String> = kgen::bench::muon::muon_workloads()
+            .into_iter()
+            .map(|w| w.name)
+            .collect();
         let known: Vec<&str> = rows
             .iter()
             .map(|r| r.workload.as_str())
             .chain(linear_names.iter().map(String::as_str))
+            .chain(muon_names.iter().map(String::as_str))
             .collect();
         let other = p
             .iter()
@@ -627,7 +679,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         if other > 0 {
             say(format!(
                 "# {other} torch record(s) for workloads kgen bench does not run here \
-                 (GEMM, Newton-Schulz or filtered out): see the peers file"
+                 (GEMM or filtered out): see the peers file"
             ));
         }
     }
@@ -641,6 +693,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
         say(t);
     }
     if let Some(t) = &linear_table {
+        say(t);
+    }
+    if let Some(t) = &muon_table {
         say(t);
     }
     let missed = rows.iter().filter(|r| r.pass() == Some(false)).count();
