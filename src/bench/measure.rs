@@ -91,7 +91,11 @@ pub fn fill(t: &Tensor, how: Fill, seed: u64) -> Result<(), OpError> {
         return Ok(());
     }
     let device = t.device().clone();
-    let p = pool(&device, t.dtype(), t.numel(), how, seed)?;
+    // A pool one element short of a power of two: a tensor larger than it repeats it with
+    // a shift, so the rows of a power-of-two-wide matrix are distinct (a pool of exactly
+    // 2^22 would make a 4096 x 4096 matrix 4 copies of 1024 rows: rank 1024, which
+    // Newton-Schulz cannot orthogonalize).
+    let p = pool(&device, t.dtype(), t.numel().min(POOL - 1), how, seed)?;
     tile_from(t, &p)?;
     // The pool is freed when it goes out of scope: let the copies finish first.
     device.synchronize()?;

@@ -89,6 +89,7 @@ pub fn launchable_kernels(coverage: Coverage) -> (Vec<KernelRequest>, Vec<String
                 }
                 note(format!("linear {t}"), linear(ops, t));
                 note(format!("optimizer {t}"), optimizer(ops, t));
+                note(format!("newton_schulz / muon {t}"), muon(ops, t));
             });
         }
     });
@@ -352,5 +353,29 @@ fn optimizer(ops: &Ops, t: DType) -> Result<(), OpError> {
     let stats = GradStats::new(ops, GradStatsLaunch::default())?;
     stats.compute(ops, &g, 1.0)?;
     stats.clip_(ops, &g, 1.0)?;
+    Ok(())
+}
+
+/// Newton–Schulz on inputs of dtype `t` (wide, tall and square; rows 16-byte aligned and
+/// of the dtype's own alignment; a transposed view) into outputs of each orientation,
+/// and Muon's step over parameters of dtype `t` (Nesterov on and off; wide, tall and
+/// odd-width matrices).
+fn muon(ops: &Ops, t: DType) -> Result<(), OpError> {
+    use super::newton_schulz::QUINTIC;
+    use crate::optim::{Muon, MuonGroup};
+    for (r, c) in [(40usize, 64usize), (64, 40), (40, 63), (63, 40), (64, 64)] {
+        let x = tensor(ops, t, &[2, r, c])?;
+        ops.newton_schulz(&x, 2, &[QUINTIC])?;
+        let y = tensor(ops, t, &[c, r])?.transpose(0, 1)?;
+        ops.newton_schulz_into(&x.select(0, 0)?, &y, 1, &[QUINTIC])?;
+    }
+    for nesterov in [true, false] {
+        let g = MuonGroup {
+            nesterov,
+            shapes: vec![[40, 64], [64, 40], [33, 7]],
+            ..MuonGroup::new(0.02)
+        };
+        Muon::new(ops, t, vec![g])?.step(ops)?;
+    }
     Ok(())
 }

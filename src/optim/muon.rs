@@ -21,16 +21,17 @@
 //! the memory-bound launches (momentum + bf16 cast + partial norms, the final update) take
 //! the run as one `[k, rows, cols]` tensor. GPT-2 small's 48 matrices are 3 buckets
 //! (768 x 768, 768 x 2304, 768 x 3072: c_fc `[3072, 768]` and the MLP projection
-//! `[768, 3072]` share one, the first read through its transpose) and 4 runs: 4 + 3 + 45 +
-//! 4 = 56 launches per step, whatever the batch size. No host synchronization; the
+//! `[768, 3072]` share one, the first read through its transpose) and 4 runs: 4 + 45 + 4 =
+//! 53 launches per step, whatever the batch size. No host synchronization; the
 //! per-matrix `(1 - lr * wd, -adjusted_lr)` rows are uploaded (asynchronously) only at the
 //! first step and after [`Muon::set_lr`], so a step is the same launches every time and a
 //! CUDA graph can capture it (after one eager step, which compiles and tunes).
 //!
 //! # Differences from `torch.optim.Muon`
 //! - The momentum buffer is f32 whatever the parameter dtype (torch: the parameter's).
-//! - The normalization divides by `max(||u||, eps)` computed in f32 from the bf16-rounded
-//!   u and multiplies in f32 before rounding once (torch: a bf16 norm and a bf16 division).
+//! - The normalization is applied inside the first step's products, in f32:
+//!   `A = s^2 X0 X0^T` and `X1 = s (a X0 + B X0)` with `s = 1 / max(||X0||, eps)` from the
+//!   bf16-rounded X0 (torch rounds `X0 / ||X0||` to bf16 first, with a bf16 norm).
 //! - The Newton–Schulz products accumulate in f32 and round A, B and X to bf16 once per
 //!   product (torch: the same through cuBLAS; `addmm`'s epilogue is also f32).
 //! - Hyperparameters are host numbers; one set of parameters fixed at construction (flat
@@ -391,9 +392,8 @@ impl Muon {
                 )?;
                 launches += 1;
             }
-            ops.ns_scale(&b.work, b.eps)?;
-            ops.ns_iterate(&mut b.work, &b.sched)?;
-            launches += 1 + 3 * b.sched.len() as u64;
+            ops.ns_iterate(&mut b.work, &b.sched, b.eps)?;
+            launches += 3 * b.sched.len() as u64;
             for r in &b.runs {
                 let p = r_view(&self.p, r)?;
                 ops.ns_emit_run(&b.work, r.first, &orient("muon", &p)?, Some(&r.hp))?;

@@ -142,6 +142,7 @@ fn check_gram(ops: &Ops, k: usize, r: usize, c: usize) -> Result<f64, String> {
         1.0,
         0.0,
         false,
+        None,
     )
     .map_err(e)?;
     let (mp, np) = (w.mp, w.np);
