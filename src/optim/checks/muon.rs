@@ -107,14 +107,14 @@ pub(crate) fn check_muon(
         opt.step(&ops).map_err(e)?;
     }
     let mut worst = 0.0f64;
-    for (gi, g) in groups.iter().enumerate() {
-        for j in 0..g.shapes.len() {
+    for (gi, group_refs) in refs.iter().enumerate() {
+        for (j, (want, _)) in group_refs.iter().enumerate() {
             let got = opt
                 .param(gi, j)
                 .map_err(e)?
                 .to_f64_vec()
                 .map_err(|x| x.to_string())?;
-            for (i, (a, b)) in got.iter().zip(&refs[gi][j].0).enumerate() {
+            for (i, (a, b)) in got.iter().zip(want).enumerate() {
                 let err = (a - b).abs() / (scale * steps as f64);
                 if !err.is_finite() || err > MUON_TOL {
                     return Err(format!(
