@@ -33,6 +33,22 @@ cupy_rc=$?
 timeout "${NPY_TIMEOUT:-90}" python3 tools/launch-with-cupy.py "$BIN" --launcher kgen-run >"$OUT/kgen-run-npy.log" 2>&1
 npy_rc=$?
 
+# Every pipeline depth of a TMA-fed wgmma loop (and cp.async), GPU against the
+# interpreter, each under a short limit: a wrong mbarrier phase shows as a hang (rc 124).
+depths_rc=0
+for cfg in "--stages 1" "--stages 2" "--stages 3" "--stages 4" "--stages 2 --no-tma" \
+           "--stages 2 --warps 4" "--stages 2 --ws" "--stages 3 --ws"; do
+  # shellcheck disable=SC2086
+  if ! timeout 30 "$BIN" run kernels-src/gemm.kg --grid 9 --arg a=300x200 --arg b=200x260 \
+      --arg bias=260 --arg c=300x260 --arg z=1x1 $cfg >"$OUT/depths.tmp" 2>&1 \
+      || ! grep -q "outside tolerance: ok" "$OUT/depths.tmp"; then
+    depths_rc=1
+    echo "FAIL gemm.kg $cfg (rc ${PIPESTATUS[0]}): $(tail -n 2 "$OUT/depths.tmp")" >>"$OUT/depths.log"
+  else
+    echo "ok gemm.kg $cfg" >>"$OUT/depths.log"
+  fi
+done
+
 runtime_rc=skipped
 if [ -x .device/kgen-runtime-tests ]; then
   timeout "${RUNTIME_TESTS_TIMEOUT:-120}" .device/kgen-runtime-tests gpu_ --test-threads 1 >"$OUT/runtime-tests.log" 2>&1
@@ -51,7 +67,9 @@ echo "== cupy launches from --emit abi (tools/launch-with-cupy.py): rc=$cupy_rc 
 grep -E "^(GPU|FAIL|skip)|ABI launches|cannot" "$OUT/cupy-abi.log" | tail -n 20
 echo "== kgen run --input/--save-outputs on the GPU (--launcher kgen-run): rc=$npy_rc =="
 grep -E "^FAIL|ABI launches" "$OUT/kgen-run-npy.log" | tail -n 10
+echo "== pipeline depths (gemm.kg, GPU vs interpreter): rc=$depths_rc =="
+cat "$OUT/depths.log"
 echo "== kgen-runtime gpu_ tests: rc=$runtime_rc =="
 [ -f "$OUT/runtime-tests.log" ] && grep -E "^test |test result" "$OUT/runtime-tests.log" | tail -n 15
 echo "(rc 124: the step ran past its time limit)"
-echo "selftest_rc=$selftest_rc memcheck_rc=$memcheck_rc racecheck_rc=$racecheck_rc synccheck_rc=$synccheck_rc cupy_abi_rc=$cupy_rc kgen_run_npy_rc=$npy_rc runtime_tests_rc=$runtime_rc"
+echo "selftest_rc=$selftest_rc memcheck_rc=$memcheck_rc racecheck_rc=$racecheck_rc synccheck_rc=$synccheck_rc cupy_abi_rc=$cupy_rc kgen_run_npy_rc=$npy_rc depths_rc=$depths_rc runtime_tests_rc=$runtime_rc"

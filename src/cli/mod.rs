@@ -226,6 +226,9 @@ struct TrainArgs {
     /// (`kgen::optim::MuonWithAdamW`), instead of AdamW on everything.
     #[arg(long)]
     muon: bool,
+    /// Muon's learning rate with `--muon` (default 0.05).
+    #[arg(long, value_name = "LR", requires = "muon")]
+    muon_lr: Option<f64>,
 }
 
 /// Runs the command line and returns the exit status.
@@ -246,6 +249,7 @@ pub fn main() -> i32 {
         steps: None,
         no_gpu: false,
         muon: false,
+        muon_lr: None,
     }));
     let result = std::panic::catch_unwind(move || match command {
         Command::Compile(a) => compile::compile(a),

@@ -18,6 +18,12 @@ pub fn run(a: TrainArgs) -> CliResult {
         TrainConfig::small()
     };
     cfg.muon = a.muon;
+    if let Some(lr) = a.muon_lr {
+        if !(lr.is_finite() && lr > 0.0) {
+            return Err(CliError::Msg(format!("--muon-lr {lr}: must be positive")));
+        }
+        cfg.muon_lr = lr;
+    }
     if let Some(s) = a.steps {
         cfg.steps = s as usize;
         cfg.log_every = (s as usize / 10).max(1);

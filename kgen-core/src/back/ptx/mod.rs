@@ -128,9 +128,14 @@ pub fn write(
         });
     }
     // Warp specialization adds a producer warpgroup: only where the registers the
-    // estimate counts still fit with its threads, and one block per SM is asked for.
+    // estimate counts still fit with its threads, and one block per SM is asked for; and
+    // only for rings of 3 or more slots (with 1 or 2 the pipeline waits inside its loop
+    // with `scratch_wait(0)`, which the consumers lower as the drain that releases every
+    // unread slot: the fill about to be read would be released before its read).
     let ws_threads = threads + lower::PRODUCER_THREADS;
+    let deep_rings = func.scratch.iter().all(|b| !b.shared || b.slots >= 3);
     let specialize = spec.ws
+        && deep_rings
         && min_blocks == 1
         && ws_threads <= target.max_threads_per_block
         && est.regs <= limits::register_limit(target, ws_threads);

@@ -228,3 +228,33 @@ fn warp_specialization_adds_a_producer_warpgroup_that_alone_copies() {
         }
     }
 }
+
+/// Rings of 1 or 2 slots: the pipeline waits inside its loop with `scratch_wait(0)`.
+/// Without warp specialization that wait does not consume the fill it waited for (the
+/// read after it does: a consumed fill made the read wait for a phase that never came,
+/// a hang on the H100); a fetch consumes an unread fill of its slot instead. With `--ws`
+/// requested such a kernel keeps its own warps only (the consumers' drain would release
+/// the slot about to be read).
+#[test]
+fn shallow_rings_wait_without_consuming_and_are_not_warp_specialized() {
+    for stages in [1, 2] {
+        let k = gemm(Arch::Sm90a, |o| o.num_stages = Some(stages));
+        // Fetched by TMA (the behaviour itself is checked on the GPU: tools/gpu-check.sh
+        // runs every depth against the interpreter under a time limit).
+        assert!(k.ptx.contains("cp.async.bulk.tensor.2d"), "{}", k.entry);
+        let ws = gemm(Arch::Sm90a, |o| {
+            o.num_stages = Some(stages);
+            o.ws = true;
+        });
+        assert_eq!(ws.launch.threads_per_block, 256, "{}", ws.entry);
+        assert!(!ws.ptx.contains("setmaxnreg"), "{}", ws.entry);
+        if let Some(log) = assemble(&k.ptx, "sm_90a", "shallow_ring") {
+            assert!(log.contains("0 bytes spill stores"), "{log}");
+        }
+    }
+    let deep = gemm(Arch::Sm90a, |o| {
+        o.num_stages = Some(3);
+        o.ws = true;
+    });
+    assert_eq!(deep.launch.threads_per_block, 384);
+}

@@ -24,7 +24,12 @@
 //!   so no block barrier is needed between a fetch and its reads.
 //! - `scratch_wait(0)` (the pipeline's drain) waits, in every thread, for each slot
 //!   whose fetch was not consumed (`fetched ^ waited`), so no copy is still writing when
-//!   the ring's bytes are reused. Other waits emit nothing: the reads wait per slot.
+//!   the ring's bytes are reused. Other waits emit nothing: the reads wait per slot. The
+//!   drain does not consume: a 2-stage pipeline waits with `scratch_wait(0)` inside its
+//!   loop, before reading the fill it waited for (whose read then finds the phase
+//!   complete). A fill nobody read is consumed by the next fetch into its slot instead
+//!   (a persistent loop's refill), so that fetch's read waits for the phase after it.
+//!   (With warp specialization the consumers' drain consumes and releases the slots.)
 
 use super::{Lowerer, R};
 use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
@@ -289,6 +294,19 @@ impl Lowerer<'_> {
                 )
             })
         } else {
+            // A fill of this slot that nobody read (a fetch past the loop's end, waited
+            // for by the drain) is consumed now, so this fill's read waits for the
+            // phase after it.
+            let open = self.op1(
+                RegClass::B32,
+                "xor.b32",
+                vec![ring.fetched.into(), ring.waited.into()],
+            );
+            let stale = self.op1(RegClass::B32, "and.b32", vec![open.into(), bit.into()]);
+            self.emit(
+                "xor.b32",
+                vec![ring.waited.into(), ring.waited.into(), stale.into()],
+            );
             self.tma_leader()
         };
         self.emit(
@@ -413,13 +431,14 @@ impl Lowerer<'_> {
                     vec![base.into(), Operand::Imm((s * 8) as i64)],
                 );
                 self.mbarrier_wait(mbar, w);
-                // Consumed: every fill is read (or drained) once, so the parities of the
-                // next fills of this ring stay right (a persistent loop refills it).
-                self.emit(
-                    "xor.b32",
-                    vec![ring.waited.into(), ring.waited.into(), Operand::Imm(1 << s)],
-                );
                 if consumer {
+                    // Consumed: with warp specialization every fill is read (or drained)
+                    // once, so the parities of the next fills stay right (a persistent
+                    // loop refills the ring).
+                    self.emit(
+                        "xor.b32",
+                        vec![ring.waited.into(), ring.waited.into(), Operand::Imm(1 << s)],
+                    );
                     let empty = self.op1(
                         RegClass::B32,
                         "add.u32",
