@@ -194,6 +194,7 @@ pub fn train(
     let mut losses = Vec::new();
     let mut first_step_seconds = 0.0;
     for step in 1..=cfg.steps {
+        opt.set_lr_scale(cfg, lr_scale(step, cfg.steps))?;
         let batch = batch(device, &mut rng, &teacher, cfg)?;
         // Forward.
         ops.rmsnorm_into(&batch.x, &w_norm, &h, &rstd, 1e-6)?;
@@ -252,6 +253,18 @@ pub fn train(
     })
 }
 
+/// The learning-rate schedule (modded-nanogpt's shape): constant for the first 60% of
+/// the steps, then linear down to 10% at the last step.
+pub fn lr_scale(step: usize, steps: usize) -> f64 {
+    let start = 0.6 * steps as f64;
+    let s = step as f64;
+    if s <= start || steps <= 1 {
+        1.0
+    } else {
+        1.0 - 0.9 * (s - start) / (steps as f64 - start)
+    }
+}
+
 /// AdamW on everything, or Muon on the matrices and AdamW on the norm weight.
 enum Optimizer {
     AdamW(Box<AdamW>),
@@ -291,6 +304,25 @@ impl Optimizer {
         ];
         let adamw = AdamW::new(ops, DType::F32, DType::F32, groups)?;
         Ok(Optimizer::AdamW(Box::new(adamw)))
+    }
+
+    /// Every group's learning rate: the configured one (`cfg.lr`, Muon's `cfg.muon_lr`)
+    /// times `scale` (a change only re-uploads the optimizers' small hyperparameter
+    /// tables, asynchronously).
+    fn set_lr_scale(&mut self, cfg: &TrainConfig, scale: f64) -> Result<(), OpError> {
+        let adamw = match self {
+            Optimizer::AdamW(o) => o.as_mut(),
+            Optimizer::Muon(o) => {
+                for g in 0..o.muon.groups().len() {
+                    o.muon.set_lr(g, cfg.muon_lr * scale)?;
+                }
+                &mut o.adamw
+            }
+        };
+        for g in 0..adamw.groups().len() {
+            adamw.set_lr(g, cfg.lr * scale)?;
+        }
+        Ok(())
     }
 
     /// Parameter `i` (0: W_in, 1: W_out, 2: the norm weight) in the model's layout
