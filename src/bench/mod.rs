@@ -526,10 +526,7 @@ impl Row {
 
     /// The fastest torch peer that ran: (peer, µs).
     pub fn best_peer(&self) -> Option<(&str, f64)> {
-        self.peers
-            .iter()
-            .filter_map(|p| p.median_us.map(|us| (p.peer.as_str(), us)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
+        fastest_peer(&self.peers)
     }
 
     /// Best torch time / kgen time (> 1: kgen is faster).
@@ -720,6 +717,14 @@ pub fn rows_json(rows: &[Row], copy_gbps: Option<f64>) -> serde_json::Value {
         })
         .collect();
     serde_json::Value::Array(list)
+}
+
+/// The fastest of `peers` that ran: (peer, µs).
+pub fn fastest_peer(peers: &[PeerRecord]) -> Option<(&str, f64)> {
+    peers
+        .iter()
+        .filter_map(|p| p.median_us.map(|us| (p.peer.as_str(), us)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
 }
 
 #[cfg(test)]

@@ -161,10 +161,7 @@ impl MuonRow {
 
     /// The fastest torch peer that ran: (peer, µs).
     pub fn best_peer(&self) -> Option<(&str, f64)> {
-        self.peers
-            .iter()
-            .filter_map(|p| p.median_us.map(|us| (p.peer.as_str(), us)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
+        super::fastest_peer(&self.peers)
     }
 
     /// Best torch time / kgen time (> 1: kgen is faster).

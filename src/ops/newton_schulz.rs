@@ -346,40 +346,26 @@ impl Ops {
             .scalar("alpha", alpha)
             .scalar("beta", beta)
             .scalar("eps", norm.unwrap_or(0.0));
-        let cands = gram_candidates();
         let dt = w.dtype;
         let (k, mp) = (w.k, w.mp);
-        self.launch_planned(
+        self.ns_product(
+            "ns_gram",
             super::plan::PlanKey::new("ns_gram").word(epi as u64 | (norm.is_some() as u64) << 1),
             &args,
             || format!("{dt} {k}x{mp}x{}", x2.shape()[1]),
-            || cands.iter().map(|c| c.label()).collect(),
-            |i| {
-                let c = cands[i];
-                let kern = self.kernel_full(
-                    "ns",
-                    "ns_gram",
-                    &[
-                        ("T", dt.to_string()),
-                        ("BM", c.bm.to_string()),
-                        ("BK", c.bk.to_string()),
-                        ("EPI", epi.to_string()),
-                        ("NORM", norm.is_some().to_string()),
-                    ],
-                    Some(c.warps),
-                    c.min_blocks,
-                    Some(c.stages),
-                    &args,
-                )?;
+            &gram_candidates(),
+            |c| {
+                vec![
+                    ("T", dt.to_string()),
+                    ("BM", c.bm.to_string()),
+                    ("BK", c.bk.to_string()),
+                    ("EPI", epi.to_string()),
+                    ("NORM", norm.is_some().to_string()),
+                ]
+            },
+            |c| {
                 let t = mp / c.bm as usize;
-                let blocks = k * t * (t + 1) / 2;
-                let grid = [
-                    u32::try_from(blocks)
-                        .map_err(|_| shape_err("newton_schulz", "too many tiles"))?,
-                    1,
-                    1,
-                ];
-                Ok((kern, grid))
+                k * t * (t + 1) / 2
             },
         )
     }
@@ -404,41 +390,63 @@ impl Ops {
             .tensor("part", &w.part)
             .scalar("a", a)
             .scalar("eps", norm.unwrap_or(0.0));
-        let cands = update_candidates();
         let dt = w.dtype;
         let (k, mp, np) = (w.k, w.mp, w.np);
-        self.launch_planned(
+        self.ns_product(
+            "ns_update",
             super::plan::PlanKey::new("ns_update").word(norm.is_some() as u64),
             &args,
             || format!("{dt} {k}x{mp}x{np}"),
-            || cands.iter().map(|c| c.label()).collect(),
+            &update_candidates(),
+            |c| {
+                vec![
+                    ("T", dt.to_string()),
+                    ("BM", c.bm.to_string()),
+                    ("BN", c.bn.to_string()),
+                    ("BK", c.bk.to_string()),
+                    ("WIDE", c.wide.to_string()),
+                    ("NORM", norm.is_some().to_string()),
+                ]
+            },
+            |c| {
+                let cols = c.bn as usize * if c.wide { 2 } else { 1 };
+                k * (mp / c.bm as usize) * np.div_ceil(cols)
+            },
+        )
+    }
+
+    /// One product of `kernels-src/ns.kg` through the tuner: candidate `c` compiled with
+    /// `defines(c)`, launched on `blocks(c)` blocks.
+    #[allow(clippy::too_many_arguments)]
+    fn ns_product(
+        &self,
+        kernel: &'static str,
+        key: super::plan::PlanKey,
+        args: &KernelArgs,
+        shape_key: impl FnOnce() -> String,
+        cands: &[NsConfig],
+        defines: impl Fn(&NsConfig) -> Vec<(&'static str, String)> + Sync,
+        blocks: impl Fn(&NsConfig) -> usize + Sync,
+    ) -> Result<(), OpError> {
+        self.launch_planned(
+            key,
+            args,
+            shape_key,
+            || cands.iter().map(NsConfig::label).collect(),
             |i| {
-                let c = cands[i];
+                let c = &cands[i];
                 let kern = self.kernel_full(
                     "ns",
-                    "ns_update",
-                    &[
-                        ("T", dt.to_string()),
-                        ("BM", c.bm.to_string()),
-                        ("BN", c.bn.to_string()),
-                        ("BK", c.bk.to_string()),
-                        ("WIDE", c.wide.to_string()),
-                        ("NORM", norm.is_some().to_string()),
-                    ],
+                    kernel,
+                    &defines(c),
                     Some(c.warps),
                     c.min_blocks,
                     Some(c.stages),
-                    &args,
+                    args,
                 )?;
-                let cols = c.bn as usize * if c.wide { 2 } else { 1 };
-                let blocks = k * (mp / c.bm as usize) * np.div_ceil(cols);
-                let grid = [
-                    u32::try_from(blocks)
-                        .map_err(|_| shape_err("newton_schulz", "too many tiles"))?,
-                    1,
-                    1,
-                ];
-                Ok((kern, grid))
+                let grid = u32::try_from(blocks(c))
+                    .map_err(|_| shape_err("newton_schulz", "too many tiles"))?;
+                Ok((kern, [grid, 1, 1]))
             },
         )
     }
