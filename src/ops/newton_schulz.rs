@@ -6,9 +6,9 @@
 //! - `ns_prep` writes each matrix as bf16 into a working buffer in its wide orientation
 //!   (a tall matrix is read through its transpose: a view, never a host-side copy) and
 //!   the partial sums of squares of what it wrote;
-//! - each step is three products: `A = X X^T` and `B = b A + c A A` (both symmetric:
-//!   `ns_gram` computes the tiles on or above the diagonal and mirrors them), then
-//!   `X = a X + B X` (`ns_update`). The first step's products also divide by
+//! - each step is three products: `A = X X^T` and `B' = a I + b A + c A A` (both
+//!   symmetric: `ns_gram` computes the tiles on or above the diagonal and mirrors them),
+//!   then `X = B' X = a X + B X` (`ns_update`, a plain product: see `ns.kg` on rounding). The first step's products also divide by
 //!   `max(||X||_F, eps)` (torch's `X.div_(X.norm().clamp(min=eps))`), the norm added up
 //!   from the partial sums in a fixed order by every block that needs it: no pass of its
 //!   own;
@@ -315,16 +315,17 @@ impl Ops {
             let x = w.x[w.cur].clone();
             let nx = w.x[1 - w.cur].clone();
             let norm = (i == 0).then_some(eps);
-            self.ns_gram(w, &x, &w.b, &w.a, 1.0, 0.0, false, norm)?;
-            self.ns_gram(w, &w.a, &w.a, &w.b, c, b, true, None)?;
-            self.ns_update(w, &w.b, &x, &nx, a, norm)?;
+            self.ns_gram(w, &x, &w.b, &w.a, (1.0, 0.0, 0.0), false, norm)?;
+            self.ns_gram(w, &w.a, &w.a, &w.b, (c, b, a), true, None)?;
+            self.ns_update(w, &w.b, &x, &nx, norm)?;
             w.cur = 1 - w.cur;
         }
         Ok(())
     }
 
-    /// `out = alpha * s^2 x x^T (+ beta * d)`, per matrix, upper tiles mirrored; with
-    /// `norm = Some(eps)`, `s = 1 / max(||x||, eps)` from `w`'s partial sums, else 1.
+    /// `out = alpha * s^2 x x^T (+ beta * d + diag * I when epi)` with `(alpha, beta,
+    /// diag)` = `coef`, per matrix, upper tiles mirrored; with `norm = Some(eps)`,
+    /// `s = 1 / max(||x||, eps)` from `w`'s partial sums, else 1.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn ns_gram(
         &self,
@@ -332,11 +333,11 @@ impl Ops {
         x: &Tensor,
         d: &Tensor,
         out: &Tensor,
-        alpha: f32,
-        beta: f32,
+        coef: (f32, f32, f32),
         epi: bool,
         norm: Option<f32>,
     ) -> Result<(), OpError> {
+        let (alpha, beta, diag) = coef;
         let x2 = x.reshape(&[w.k * w.mp, x.numel() / (w.k * w.mp)])?;
         let args = KernelArgs::new()
             .tensor("x", &x2)
@@ -345,6 +346,7 @@ impl Ops {
             .tensor("part", &w.part)
             .scalar("alpha", alpha)
             .scalar("beta", beta)
+            .scalar("diag", diag)
             .scalar("eps", norm.unwrap_or(0.0));
         let dt = w.dtype;
         let (k, mp) = (w.k, w.mp);
@@ -370,15 +372,13 @@ impl Ops {
         )
     }
 
-    /// `out = s (a * x + bm x)`, per matrix (`s` as in [`Ops::ns_gram`]).
-    #[allow(clippy::too_many_arguments)]
+    /// `out = s bm x`, per matrix (`s` as in [`Ops::ns_gram`]; `bm` holds `a I + B`).
     fn ns_update(
         &self,
         w: &NsWork,
         bm: &Tensor,
         x: &Tensor,
         out: &Tensor,
-        a: f32,
         norm: Option<f32>,
     ) -> Result<(), OpError> {
         let flat = |t: &Tensor| t.reshape(&[w.k * w.mp, w.np]);
@@ -388,7 +388,6 @@ impl Ops {
             .tensor("x", &x2)
             .tensor("out", &o2)
             .tensor("part", &w.part)
-            .scalar("a", a)
             .scalar("eps", norm.unwrap_or(0.0));
         let dt = w.dtype;
         let (k, mp, np) = (w.k, w.mp, w.np);
@@ -404,14 +403,10 @@ impl Ops {
                     ("BM", c.bm.to_string()),
                     ("BN", c.bn.to_string()),
                     ("BK", c.bk.to_string()),
-                    ("WIDE", c.wide.to_string()),
                     ("NORM", norm.is_some().to_string()),
                 ]
             },
-            |c| {
-                let cols = c.bn as usize * if c.wide { 2 } else { 1 };
-                k * (mp / c.bm as usize) * np.div_ceil(cols)
-            },
+            |c| k * (mp / c.bm as usize) * np.div_ceil(c.bn as usize),
         )
     }
 
@@ -500,17 +495,14 @@ pub struct NsConfig {
     pub stages: u32,
     /// Compiled so that this many blocks fit on one SM (registers capped).
     pub min_blocks: Option<u32>,
-    /// `ns_update` only: two `BM x BN` accumulators side by side (`WIDE`).
-    pub wide: bool,
 }
 
 impl NsConfig {
     pub fn label(&self) -> String {
         format!(
-            "BM={} BN={}{} BK={} w{} s{}{}",
+            "BM={} BN={} BK={} w{} s{}{}",
             self.bm,
             self.bn,
-            if self.wide { "x2" } else { "" },
             self.bk,
             self.warps,
             self.stages,
@@ -529,7 +521,6 @@ const fn cfg(bm: u32, bn: u32, bk: u32, warps: u32, stages: u32) -> NsConfig {
         warps,
         stages,
         min_blocks: None,
-        wide: false,
     }
 }
 
@@ -543,10 +534,6 @@ const fn two_per_sm(c: NsConfig) -> NsConfig {
     }
 }
 
-const fn wide(c: NsConfig) -> NsConfig {
-    NsConfig { wide: true, ..c }
-}
-
 /// `ns_gram`'s candidates (square tiles; BM divides [`NS_ROW_ALIGN`]).
 pub fn gram_candidates() -> Vec<NsConfig> {
     vec![
@@ -556,14 +543,14 @@ pub fn gram_candidates() -> Vec<NsConfig> {
     ]
 }
 
-/// `ns_update`'s candidates (BM and BK divide [`NS_ROW_ALIGN`]).
-/// (Two blocks per SM measured 251 against the wide tile's 246 us on the H100 for GPT-2's
-/// 24 x 768 x 3072 batch, and 36 against 41 us for 12 x 768 x 768, but spills 16-24 bytes
-/// on sm_80, whose `mma.sync` fragments need registers: not offered.)
+/// `ns_update`'s candidates (BM and BK divide [`NS_ROW_ALIGN`]; the first builds on both
+/// targets, 4 stages of 128 x 256 only on sm_90a, whose shared memory holds them).
 pub fn update_candidates() -> Vec<NsConfig> {
     vec![
-        wide(cfg(128, 128, 64, 8, 3)),
+        cfg(128, 256, 64, 8, 3),
+        cfg(128, 256, 64, 8, 4),
         cfg(128, 128, 64, 8, 4),
+        two_per_sm(cfg(128, 128, 64, 8, 3)),
         cfg(64, 128, 64, 4, 4),
     ]
 }

@@ -32,6 +32,9 @@
 //! - The normalization is applied inside the first step's products, in f32:
 //!   `A = s^2 X0 X0^T` and `X1 = s (a X0 + B X0)` with `s = 1 / max(||X0||, eps)` from the
 //!   bf16-rounded X0 (torch rounds `X0 / ||X0||` to bf16 first, with a bf16 norm).
+//! - `X = a X + B X` is computed as `(a I + B) X`: `a` is added to B's diagonal in f32
+//!   before B is rounded to bf16 (torch's `addmm` adds `a X` in f32), so B's diagonal
+//!   rounds at a's magnitude (`kernels-src/ns.kg`).
 //! - The Newton–Schulz products accumulate in f32 and round A, B and X to bf16 once per
 //!   product (torch: the same through cuBLAS; `addmm`'s epilogue is also f32).
 //! - Hyperparameters are host numbers; one set of parameters fixed at construction (flat

@@ -146,8 +146,7 @@ fn check_gram(ops: &Ops, k: usize, r: usize, c: usize) -> Result<f64, String> {
         w.current(),
         w.update_matrix(),
         w.gram(),
-        1.0,
-        0.0,
+        (1.0, 0.0, 0.0),
         false,
         None,
     )
