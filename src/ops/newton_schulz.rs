@@ -112,7 +112,7 @@ pub(crate) fn orient(op: &'static str, t: &Tensor) -> Result<Oriented, OpError> 
 }
 
 /// The working buffers of one batch of `k` matrices of logical shape `[rows, cols]`.
-pub struct NsWork {
+pub(crate) struct NsWork {
     pub k: usize,
     pub rows: usize,
     pub cols: usize,

@@ -117,6 +117,11 @@ impl MuonGroup {
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return bad(format!("invalid eps {}", self.eps));
         }
+        if let Some(s) = self.shapes.iter().find(|s| s[0] == 0 || s[1] == 0) {
+            return bad(format!(
+                "an empty matrix {s:?} (Muon updates matrices of at least 1 x 1)"
+            ));
+        }
         if self.ns_steps >= 100 {
             return bad(format!(
                 "ns_steps {} (torch allows fewer than 100)",

@@ -192,6 +192,8 @@ mod tests {
         assert!(with(&|g| g.weight_decay = f64::NAN));
         assert!(with(&|g| g.ns_steps = 100));
         assert!(with(&|g| g.ns_coefficients = vec![QUINTIC_F32; 2]));
+        assert!(with(&|g| g.ns_steps = 0));
+        assert!(with(&|g| g.shapes.push([0, 3])));
         assert!(!with(&|_| {}));
         assert!(Muon::new(&ops, DType::I32, vec![]).is_err());
     }
