@@ -25,6 +25,7 @@ pub mod layernorm;
 pub mod linear_bwd;
 pub mod matmul;
 pub mod norm_bwd;
+pub mod ns;
 pub mod optim;
 pub mod relu;
 pub mod rmsnorm;
@@ -172,6 +173,7 @@ pub fn all_cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     v.extend(layernorm::cases(seed, sizes));
     v.extend(adamw::cases(seed, sizes));
     v.extend(sumsq::cases(seed, sizes));
+    v.extend(ns::cases(seed, sizes));
     v.extend(norm_bwd::cases(seed, sizes));
     v.extend(swiglu::cases(seed, sizes));
     v.extend(relu::cases(seed, sizes));

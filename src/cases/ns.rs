@@ -1,0 +1,363 @@
+//! `ns.kg` (the Newton–Schulz products) and `muon.kg` (Muon's memory-bound kernels), each
+//! kernel against a float64 reference on batches of awkward shapes (and, on a GPU, the
+//! GPU against the interpreter). The op-level checks (the whole iteration, Muon's steps)
+//! are `ops/checks/ns.rs` and `optim/checks/muon.rs`.
+
+use super::*;
+
+pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
+    let mut v = Vec::new();
+    // Gram products: (matrices, mp, n, BM, EPI, NORM). mp a multiple of BM; BM 64 with
+    // mp 128 gives 2 x 2 tiles: one mirrored pair.
+    for &(k, mp, n, bm, epi, norm) in &[
+        (1usize, 64usize, 7usize, 64u32, false, false),
+        (2, 128, 33, 64, false, true),
+        (2, 128, 127, 64, true, false),
+        (1, 128, 300, 128, true, false),
+    ] {
+        v.push(gram_case(seed, k, mp, n, bm, epi, norm));
+    }
+    for &(k, mp, n, norm) in &[(1usize, 128usize, 7usize, false), (2, 128, 300, true)] {
+        v.push(update_case(seed, k, mp, n, norm));
+    }
+    // Memory-bound kernels: (matrices, rows, cols, source dtype, momentum, Nesterov).
+    for &(k, r, c, s, mom, nest) in &[
+        (1usize, 7usize, 5usize, DType::F32, false, false),
+        (2, 33, 70, DType::F32, true, true),
+        (2, 70, 33, DType::F32, true, false),
+        (3, 5, 7, DType::BF16, false, false),
+    ] {
+        v.push(prep_case(seed, k, r, c, s, mom, nest));
+    }
+    for &(k, r, c, accum) in &[
+        (1usize, 7usize, 5usize, false),
+        (2, 70, 33, true),
+        (2, 33, 70, true),
+    ] {
+        v.push(emit_case(seed, k, r, c, accum));
+    }
+    if sizes == SizeSet::Full {
+        v.push(gram_case(seed, 3, 256, 1000, 128, true, true));
+        v.push(update_case(seed, 3, 256, 1000, true));
+        v.push(prep_case(seed, 2, 1000, 300, DType::F32, true, true));
+        v.push(emit_case(seed, 2, 1000, 300, true));
+    }
+    v
+}
+
+/// The wide working shape of a `[rows, cols]` matrix, padded as `ops/newton_schulz.rs`
+/// pads it.
+fn padded(rows: usize, cols: usize) -> (usize, usize) {
+    let (m, n) = (rows.min(cols), rows.max(cols));
+    (m.max(1).next_multiple_of(128), n.max(1).next_multiple_of(8))
+}
+
+/// `1 / max(sqrt(sum(part[b, :])), eps)` per matrix.
+fn scales(part: &[f64], k: usize, eps: f64) -> Vec<f64> {
+    let per = part.len() / k.max(1);
+    (0..k)
+        .map(|b| {
+            1.0 / part[b * per..(b + 1) * per]
+                .iter()
+                .sum::<f64>()
+                .sqrt()
+                .max(eps)
+        })
+        .collect()
+}
+
+fn bf16_tol(terms: usize) -> Tolerance {
+    // One bf16 rounding of an f32 sum of `terms` products of order 1.
+    Tolerance {
+        rel: 8e-3,
+        abs: 2e-3 * (terms as f64).sqrt(),
+    }
+}
+
+/// `ns_gram` on k matrices `[mp, n]`: out = alpha s^2 x x^T (+ beta d + diag I).
+pub fn gram_case(seed: u64, k: usize, mp: usize, n: usize, bm: u32, epi: bool, norm: bool) -> Case {
+    let label = format!("ns_gram k={k} mp={mp} n={n} BM={bm} EPI={epi} NORM={norm}");
+    let mut rng = Rng::for_case(seed, &label);
+    let x = random_tensor(&mut rng, DType::BF16, &[k * mp, n], |r| r.normalish());
+    // d is symmetric, as the kernel requires (it is A): the mirrored tile reads d's
+    // tile above the diagonal, transposed.
+    let dr = random_tensor(&mut rng, DType::BF16, &[k * mp, mp], |r| r.normalish()).to_f64_vec();
+    let mut dv = dr.clone();
+    for b in 0..k {
+        for i in 0..mp {
+            for j in 0..i {
+                dv[(b * mp + i) * mp + j] = dr[(b * mp + j) * mp + i];
+            }
+        }
+    }
+    let d = HostTensor::from_f64(DType::BF16, &[k * mp, mp], &dv);
+    let part = random_tensor(&mut rng, DType::F32, &[k, 5], |r| r.uniform(0.5, 2.0));
+    let (alpha, beta, diag, eps) = (0.75, -0.5, 3.25, 1e-7);
+    let args = vec![
+        ArgValue::Tensor(x),
+        ArgValue::Tensor(d),
+        ArgValue::Tensor(poisoned(DType::BF16, &[k * mp, mp])),
+        ArgValue::Tensor(part),
+        f32_arg(alpha),
+        f32_arg(beta),
+        f32_arg(diag),
+        f32_arg(eps),
+    ];
+    Case {
+        kernel: "ns",
+        kernel_name: Some("ns_gram"),
+        label,
+        defines: defines(&[
+            ("BM", bm.to_string()),
+            ("EPI", epi.to_string()),
+            ("NORM", norm.to_string()),
+        ]),
+        tensor_align: aligns(
+            &["x", "d", "out", "part", "alpha", "beta", "diag", "eps"],
+            &args,
+        ),
+        grid: [
+            (k * (mp / bm as usize) * (mp / bm as usize + 1) / 2) as u32,
+            1,
+            1,
+        ],
+        args,
+        outputs: vec![2],
+        reference: Box::new(move |args| {
+            let x = tensor_at(args, 0).to_f64_vec();
+            let d = tensor_at(args, 1).to_f64_vec();
+            let s = match norm {
+                true => scales(&tensor_at(args, 3).to_f64_vec(), k, eps),
+                false => vec![1.0; k],
+            };
+            let mut out = vec![0.0; k * mp * mp];
+            for b in 0..k {
+                for i in 0..mp {
+                    for j in 0..mp {
+                        let row = |r: usize| &x[(b * mp + r) * n..(b * mp + r + 1) * n];
+                        let dot: f64 = row(i).iter().zip(row(j)).map(|(p, q)| p * q).sum();
+                        let at = (b * mp + i) * mp + j;
+                        let mut v = alpha * s[b] * s[b] * dot;
+                        if epi {
+                            v += beta * d[at] + if i == j { diag } else { 0.0 };
+                        }
+                        out[at] = v;
+                    }
+                }
+            }
+            vec![out]
+        }),
+        tolerance: bf16_tol(n),
+    }
+}
+
+/// `ns_update` on k matrices: out = s bm x, bm `[mp, mp]`, x `[mp, n]`.
+pub fn update_case(seed: u64, k: usize, mp: usize, n: usize, norm: bool) -> Case {
+    let label = format!("ns_update k={k} mp={mp} n={n} NORM={norm}");
+    let mut rng = Rng::for_case(seed, &label);
+    let bm = random_tensor(&mut rng, DType::BF16, &[k * mp, mp], |r| {
+        r.normalish() * 0.1
+    });
+    let x = random_tensor(&mut rng, DType::BF16, &[k * mp, n], |r| r.normalish());
+    let part = random_tensor(&mut rng, DType::F32, &[k, 3], |r| r.uniform(0.5, 2.0));
+    let eps = 1e-7;
+    let args = vec![
+        ArgValue::Tensor(bm),
+        ArgValue::Tensor(x),
+        ArgValue::Tensor(poisoned(DType::BF16, &[k * mp, n])),
+        ArgValue::Tensor(part),
+        f32_arg(eps),
+    ];
+    // The default tile (128 x 256) and BK 64 divide mp = 128 or 256.
+    let grid = k * (mp / 128) * n.div_ceil(256);
+    Case {
+        kernel: "ns",
+        kernel_name: Some("ns_update"),
+        label,
+        defines: defines(&[("NORM", norm.to_string())]),
+        tensor_align: aligns(&["bm", "x", "out", "part", "eps"], &args),
+        grid: [grid as u32, 1, 1],
+        args,
+        outputs: vec![2],
+        reference: Box::new(move |args| {
+            let b_ = tensor_at(args, 0).to_f64_vec();
+            let x = tensor_at(args, 1).to_f64_vec();
+            let s = match norm {
+                true => scales(&tensor_at(args, 3).to_f64_vec(), k, eps),
+                false => vec![1.0; k],
+            };
+            let mut out = vec![0.0; k * mp * n];
+            for b in 0..k {
+                for i in 0..mp {
+                    for j in 0..n {
+                        let v: f64 = (0..mp)
+                            .map(|t| b_[(b * mp + i) * mp + t] * x[(b * mp + t) * n + j])
+                            .sum();
+                        out[(b * mp + i) * n + j] = s[b] * v;
+                    }
+                }
+            }
+            vec![out]
+        }),
+        tolerance: bf16_tol(mp),
+    }
+}
+
+/// `ns_prep` on k matrices `[rows, cols]` of dtype `s`: the bf16 working buffer (wide,
+/// padded with zeros), Muon's momentum when `mom`, and the partial sums of squares.
+pub fn prep_case(
+    seed: u64,
+    k: usize,
+    rows: usize,
+    cols: usize,
+    s: DType,
+    mom: bool,
+    nesterov: bool,
+) -> Case {
+    let trans = rows > cols;
+    let label = format!(
+        "ns_prep S={s} k={k} {rows}x{cols} MOMENTUM={mom} NESTEROV={nesterov} TRANS={trans}"
+    );
+    let mut rng = Rng::for_case(seed, &label);
+    let (mp, np) = padded(rows, cols);
+    let tn = np.div_ceil(64);
+    let tiles = (mp / 64) * tn;
+    let g = random_tensor(&mut rng, s, &[k, rows, cols], |r| r.normalish());
+    let buf = if mom {
+        random_tensor(&mut rng, DType::F32, &[k, rows, cols], |r| r.normalish())
+    } else {
+        HostTensor::from_f64(DType::F32, &[1, 1, 1], &[1.0])
+    };
+    let mu = 0.9;
+    let args = vec![
+        ArgValue::Tensor(g),
+        ArgValue::Tensor(buf),
+        ArgValue::Tensor(poisoned(DType::BF16, &[k, mp, np])),
+        ArgValue::Tensor(poisoned(DType::F32, &[k, tiles])),
+        f32_arg(mu),
+    ];
+    let mut outputs = vec![2, 3];
+    if mom {
+        outputs.insert(0, 1);
+    }
+    Case {
+        kernel: "muon",
+        kernel_name: Some("ns_prep"),
+        label,
+        defines: defines(&[
+            ("S", s.to_string()),
+            ("TRANS", trans.to_string()),
+            ("MOMENTUM", mom.to_string()),
+            ("NESTEROV", nesterov.to_string()),
+        ]),
+        tensor_align: aligns(&["g", "buf", "x", "part", "mu"], &args),
+        grid: [tiles as u32, k as u32, 1],
+        args,
+        outputs,
+        reference: Box::new(move |args| {
+            let g = tensor_at(args, 0).to_f64_vec();
+            let mu = scalar_at(args, 4);
+            let mut buf = if mom {
+                tensor_at(args, 1).to_f64_vec()
+            } else {
+                Vec::new()
+            };
+            let mut u = g.clone();
+            if mom {
+                for (i, (b, gv)) in buf.iter_mut().zip(&g).enumerate() {
+                    *b += (1.0 - mu) * (gv - *b);
+                    u[i] = if nesterov { gv + mu * (*b - gv) } else { *b };
+                }
+            }
+            // Round to bf16 as the kernel stores it (f32 math first: the f64 values of
+            // the lerps are within f32 rounding of the kernel's).
+            let u = HostTensor::from_f64(DType::BF16, &[u.len()], &u).to_f64_vec();
+            let mut x = vec![0.0; k * mp * np];
+            for b in 0..k {
+                for i in 0..rows {
+                    for j in 0..cols {
+                        let (wi, wj) = if trans { (j, i) } else { (i, j) };
+                        x[(b * mp + wi) * np + wj] = u[(b * rows + i) * cols + j];
+                    }
+                }
+            }
+            let mut part = vec![0.0; k * tiles];
+            for b in 0..k {
+                for i in 0..mp {
+                    for j in 0..np {
+                        let v = x[(b * mp + i) * np + j];
+                        part[b * tiles + (i / 64) * tn + j / 64] += v * v;
+                    }
+                }
+            }
+            let mut out = vec![x, part];
+            if mom {
+                out.insert(0, buf);
+            }
+            out
+        }),
+        tolerance: Tolerance::for_dtype(
+            DType::BF16,
+            Tolerance {
+                rel: 1e-5,
+                abs: 1e-6,
+            },
+        ),
+    }
+}
+
+/// `ns_emit` into k matrices `[rows, cols]` (f32) from the wide working buffer:
+/// `p = x`, or with `accum` `p = hp[b, 0] p + hp[b, 1] x`.
+pub fn emit_case(seed: u64, k: usize, rows: usize, cols: usize, accum: bool) -> Case {
+    let trans = rows > cols;
+    let label = format!("ns_emit k={k} {rows}x{cols} ACCUM={accum} TRANS={trans}");
+    let mut rng = Rng::for_case(seed, &label);
+    let (mp, np) = padded(rows, cols);
+    let p = if accum {
+        random_tensor(&mut rng, DType::F32, &[k, rows, cols], |r| r.normalish())
+    } else {
+        poisoned(DType::F32, &[k, rows, cols])
+    };
+    let x = random_tensor(&mut rng, DType::BF16, &[k, mp, np], |r| r.normalish());
+    let hp = random_tensor(&mut rng, DType::F32, &[k, 2], |r| r.uniform(-1.0, 1.0));
+    let args = vec![
+        ArgValue::Tensor(p),
+        ArgValue::Tensor(x),
+        ArgValue::Tensor(hp),
+    ];
+    Case {
+        kernel: "muon",
+        kernel_name: Some("ns_emit"),
+        label,
+        defines: defines(&[("TRANS", trans.to_string()), ("ACCUM", accum.to_string())]),
+        tensor_align: aligns(&["p", "x", "hp"], &args),
+        grid: [(rows.div_ceil(64) * cols.div_ceil(64)) as u32, k as u32, 1],
+        args,
+        outputs: vec![0],
+        reference: Box::new(move |args| {
+            let p = tensor_at(args, 0).to_f64_vec();
+            let x = tensor_at(args, 1).to_f64_vec();
+            let hp = tensor_at(args, 2).to_f64_vec();
+            let mut out = vec![0.0; k * rows * cols];
+            for b in 0..k {
+                for i in 0..rows {
+                    for j in 0..cols {
+                        let (wi, wj) = if trans { (j, i) } else { (i, j) };
+                        let o = x[(b * mp + wi) * np + wj];
+                        let at = (b * rows + i) * cols + j;
+                        out[at] = if accum {
+                            hp[2 * b] * p[at] + hp[2 * b + 1] * o
+                        } else {
+                            o
+                        };
+                    }
+                }
+            }
+            vec![out]
+        }),
+        tolerance: Tolerance {
+            rel: 1e-6,
+            abs: 1e-6,
+        },
+    }
+}
