@@ -258,3 +258,44 @@ fn shallow_rings_wait_without_consuming_and_are_not_warp_specialized() {
     });
     assert_eq!(deep.launch.threads_per_block, 384);
 }
+
+/// A persistent kernel whose tile index is corrected in a runtime `if` (the shape of the
+/// symmetric Gram product's triangle walk): the producer thread computes the `if` too,
+/// so the kernel is warp-specialized instead of failing ("value used before it is
+/// defined", before this was handled).
+#[test]
+fn a_producer_computes_scalar_ifs_that_feed_its_tile_indices() {
+    let src = r#"
+kernel pmm_if<BM: int = 128, BN: int = 128, BK: int = 64>(
+    a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: tensor<bf16, 2, contiguous>,
+) {
+    let tiles_n = cdiv(shape(c, 1), BN);
+    let tiles = cdiv(shape(c, 0), BM) * tiles_n;
+    for i in 0..cdiv(tiles - bid(0), num_bids(0)) {
+        let t = bid(0) + i * num_bids(0);
+        let mut pm = t / tiles_n;
+        if pm * tiles_n > t {
+            pm = pm - 1;
+        }
+        let pn = t - pm * tiles_n;
+        let mut acc = zeros([BM, BN], f32);
+        for k in 0..cdiv(shape(a, 1), BK) {
+            acc = dot(load(a, [pm, k], [BM, BK]), load(b, [k, pn], [BK, BN]), acc);
+        }
+        store(c, [pm, pn], acc as bf16);
+    }
+}
+"#;
+    let file = SourceFile::new("ws_if.kg", src);
+    let mut o = CompileOptions::new(Arch::Sm90a);
+    o.num_warps = Some(8);
+    o.num_stages = Some(3);
+    o.ws = true;
+    let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    assert_eq!(k.launch.threads_per_block, 384, "{}", k.entry);
+    let (_, producer) = k.ptx.split_once("\tret;\n").expect("two sections");
+    assert!(producer.contains("cp.async.bulk.tensor.2d"));
+    if let Some(log) = assemble(&k.ptx, "sm_90a", "ws_if") {
+        assert!(log.contains("0 bytes spill stores"), "{log}");
+    }
+}

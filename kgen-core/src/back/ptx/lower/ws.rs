@@ -14,7 +14,8 @@
 //!   section, placed after the consumers' `ret`.
 //! - The producer section re-lowers the rest of the top-level block in *producer mode*:
 //!   only the fetches and the scalar arithmetic they need (loop counters, tile indices,
-//!   ring slots, carried scalars), by one thread. Before a copy into a slot it waits
+//!   ring slots, carried scalars, and runtime `if`s that only compute scalars, such as a
+//!   tile index corrected in a branch), by one thread. Before a copy into a slot it waits
 //!   on the slot's `empty` mbarrier for the consumers' release of the slot's previous
 //!   fill (parity: that fill's count, whose first wait passes at once).
 //! - The consumers lower everything else; a fetch only counts itself (for the drain);
@@ -74,6 +75,32 @@ fn fetches_in(func: &crate::ir::Function, block: &Block) -> bool {
         }
     });
     any
+}
+
+/// Whether every instruction of `block` (nested blocks included) is a pure scalar
+/// computation or a yield: what the producer may lower as the consumers do.
+fn scalar_only(l: &Lowerer<'_>, block: &Block) -> bool {
+    let func = l.func;
+    block.insts.iter().all(|&i| {
+        let inst = &func.insts[i];
+        match &inst.op {
+            Op::Yield(_) => true,
+            Op::If {
+                then_body,
+                else_body,
+                ..
+            } => {
+                inst.results.iter().all(|&r| l.shape(r).is_empty())
+                    && scalar_only(l, then_body)
+                    && scalar_only(l, else_body)
+            }
+            op => {
+                crate::ir::props(op).is_pure()
+                    && crate::ir::regions(op).is_empty()
+                    && inst.results.iter().all(|&r| l.shape(r).is_empty())
+            }
+        }
+    })
 }
 
 impl Lowerer<'_> {
@@ -186,6 +213,19 @@ impl Lowerer<'_> {
                     self.lower_tma_fetch(i)?;
                 }
                 Op::For { body, .. } if fetches_in(func, body) => self.producer_for(i)?,
+                // A runtime `if` that only computes scalars (a tile index corrected in a
+                // branch): lowered as the consumers lower it.
+                Op::If {
+                    cond,
+                    then_body,
+                    else_body,
+                } if inst.results.iter().all(|&r| self.shape(r).is_empty())
+                    && self.is_computed(*cond)
+                    && scalar_only(self, then_body)
+                    && scalar_only(self, else_body) =>
+                {
+                    self.inst(i)?;
+                }
                 op if crate::ir::props(op).is_pure()
                     && inst.results.iter().all(|&r| self.shape(r).is_empty())
                     && crate::ir::operands(op).iter().all(|&v| self.is_computed(v)) =>
