@@ -5,11 +5,13 @@ What it does: on the current CUDA GPU, times each bandwidth-bound workload of AN
 (AdamW, RMSNorm, LayerNorm, SwiGLU, RoPE, softmax, cross-entropy, grad norm / clipping),
 the device-to-device copy ceiling (a 1 GiB `copy_`), bf16 GEMM through torch.matmul
 (the cuBLAS peer), fp16 linear layers (F.linear with a bias, forward, and its autograd
-backward), Muon's Newton-Schulz iteration (single and batched matrices) and a whole
-torch.optim.Muon step over GPT-2's hidden matrices, once per peer (eager,
-torch.compile, AdamW fused / foreach, ...). Prints a table and, with --json FILE, writes
-a list of records {workload, shape, dtype, peer, median_us, gbps, bytes, ...} that
-`kgen bench` reads to print kgen and torch side by side.
+backward), Muon's Newton-Schulz iteration (single and batched matrices), a whole
+torch.optim.Muon step over GPT-2's hidden matrices and causal bf16 fused attention
+(F.scaled_dot_product_attention forward, and its backward alone, on the cuDNN and
+FlashAttention backends), once per peer (eager, torch.compile, AdamW fused / foreach,
+cuDNN / FlashAttention, ...). Prints a table and, with --json FILE, writes a list of
+records {workload, shape, dtype, peer, median_us, gbps, bytes, ...} that `kgen bench`
+reads to print kgen and torch side by side.
 
 Assumes: torch with CUDA (it exits with a message, status 2, when CUDA is unavailable);
 triton for `triton.testing.do_bench` (falls back to an own CUDA-event loop that does the
@@ -17,10 +19,11 @@ same: flush L2 by writing 256 MB before each run, time each run with events, med
 
 Guarantees: workload names and floor-bytes formulas are stable identifiers, defined once
 in WORKLOADS below and mirrored in bench/README.md (`--self-check` fails when the two
-disagree, and when a floor differs from ANCHORS' by more than 2%). Every peer is warmed
-up (torch.compile peers are compiled) before timing; every median is over >= 20 timed
-runs (>= 50 without --quick), with L2 flushed before each run. Inputs are random (never
-zeros). A peer that fails (a torch.compile error, out of memory) is recorded with its
+disagree, and when a floor, or the TFLOP/s of a median ANCHORS quotes, differs from
+ANCHORS' by more than 2%). Every peer is warmed up (torch.compile peers are compiled)
+before timing; every median is over >= 20 timed runs (>= 50 without --quick), with L2
+flushed before each run. Inputs are random (never zeros). A peer that fails (a
+torch.compile error, out of memory, an unavailable SDPA backend) is recorded with its
 error and the run continues. Runs without torch: --self-check, --list, --markdown.
 """
 
@@ -198,6 +201,39 @@ def _muon_step(steps=5):
         flops=sum(_ns_flops(r, c, steps) for _, (r, c) in GPT2_HIDDEN))
 
 
+def _attention_flops(b, h, s, d, bwd):
+    """Causal attention: the forward's two [S, S]-sized products (Q K^T and P V), 2*S*S*D
+    each per head, half of the score matrix computed: 2*2*B*H*S*S*D/2. The backward is
+    2.5 times that (FlashAttention's convention: 5 products instead of 2)."""
+    fwd = 2 * 2 * b * h * s * s * d // 2
+    return fwd * 5 // 2 if bwd else fwd
+
+
+def _attention(b, h, s, d, bwd):
+    """Causal bf16 F.scaled_dot_product_attention on contiguous q, k, v [B, H, S, D]
+    (torch's layout), scale 1/sqrt(D): the forward (inputs requiring grad, as in
+    training, so the backends also write the f32 logsumexp), or the backward alone
+    (dq, dk, dv from a graph built once)."""
+    stage = "bwd" if bwd else "fwd"
+    n, rows = b * h * s * d, b * h * s
+    if bwd:
+        floor = 2 * (5 * n + 3 * n) + 4 * rows
+        formula = ("2*8*B*H*S*D + 4*B*H*S: read q, k, v, o, dout [B,H,S,D] and the f32 "
+                   "logsumexp [B,H,S] once, write dq, dk, dv once (bf16; the f32 "
+                   "rowsum(dout*o) scratch excluded); flops = 2.5 * 2*B*H*S*S*D")
+    else:
+        floor = 2 * 4 * n + 4 * rows
+        formula = ("2*4*B*H*S*D + 4*B*H*S: read q, k, v [B,H,S,D] once, write o once "
+                   "(bf16) and the f32 logsumexp [B,H,S]; flops = 2*2*B*H*S*S*D/2 "
+                   "(causal: half the scores)")
+    return Workload(
+        f"attention_{stage}_bf16_causal_{b}x{h}x{s}x{d}",
+        f"q,k,v [B,H,S,D] B={b} H={h} S={s} D={d}, causal", "bf16", floor, formula,
+        ("cudnn", "flash"), "attention",
+        {"b": b, "h": h, "s": s, "d": d, "bwd": bwd, "scale": 1 / math.sqrt(d)},
+        flops=_attention_flops(b, h, s, d, bwd))
+
+
 def _workloads() -> list[Workload]:
     w: list[Workload] = []
     copy_bytes = 1 << 30
@@ -287,6 +323,11 @@ def _workloads() -> list[Workload]:
         w.append(_newton_schulz(rows, cols))
     w.append(_newton_schulz(768, 768, batch=12))
     w.append(_muon_step())
+    # Fused causal attention (ANCHORS' shapes, B x H x S x D): forward, backward.
+    for b, h, s, d in ((4, 32, 4096, 128), (8, 16, 2048, 128), (16, 12, 1024, 64),
+                       (1, 32, 16384, 128)):
+        for bwd in (False, True):
+            w.append(_attention(b, h, s, d, bwd))
     return w
 
 
@@ -303,6 +344,14 @@ ANCHOR_FLOORS_US = {
     "softmax_fwd_bf16_16384x4096": 89.5, "cross_entropy_fwdbwd_bf16_8192x50257": 549,
     "cross_entropy_fwdbwd_bf16_4096x128256": 700, "clip_grad_norm_fp32_gpt2": 498,
     "grad_norm_fp32_gpt2": 166,
+}
+
+# Tensor-core rows where ANCHORS quotes a peer's median with its TFLOP/s, for
+# --self-check of the flops formulas: name -> (median µs, TFLOP/s as ANCHORS states them).
+# (ANCHORS gives attention no byte floor: its targets are relative to cuDNN.)
+ANCHOR_TFLOPS = {
+    "gemm_bf16_4096x4096x4096": (177.6, 774), "gemm_bf16_8192x8192x8192": (1582, 695),
+    "attention_fwd_bf16_causal_4x32x4096x128": (1015, 542),
 }
 
 # Bytes formula per workload name (the README mirrors it).
@@ -349,6 +398,15 @@ def self_check(readme_path: str | None) -> int:
         ours = w.bytes / ANCHOR_COPY_BYTES_PER_S * 1e6
         check(abs(ours - floor_us) <= 0.02 * floor_us,
               f"{name}: floor {ours:.1f} us vs ANCHORS {floor_us} us")
+    for name, (median_us, tflops) in ANCHOR_TFLOPS.items():
+        w = next((w for w in WORKLOADS if w.name == name), None)
+        if w is None:
+            check(False, f"{name}: ANCHORS workload missing")
+            continue
+        ours = w.flops / (median_us * 1e-6) / 1e12
+        check(abs(ours - tflops) <= 0.02 * tflops,
+              f"{name}: {w.flops:,} flops in {median_us} us = {ours:.1f} TFLOP/s vs "
+              f"ANCHORS {tflops}")
     if readme_path:
         try:
             with open(readme_path, encoding="utf-8") as f:
@@ -631,13 +689,49 @@ def build_muon(torch, w, peer):
     return opt.step
 
 
+def build_attention(torch, w, peer):
+    """F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1/sqrt(D)) on
+    contiguous bf16 [B, H, S, D] tensors, one backend forced by sdpa_kernel (`cudnn`:
+    SDPBackend.CUDNN_ATTENTION, `flash`: SDPBackend.FLASH_ATTENTION; an unavailable
+    backend raises, and run_one records the error). q, k, v require grad in both rows.
+    Forward: each timed call is one SDPA call. Backward: one forward outside the timed
+    region builds the graph (the backend's own backward node, chosen there); each timed
+    call is torch.autograd.grad(o, (q, k, v), dout, retain_graph=True) alone."""
+    F = torch.nn.functional
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as e:
+        raise RuntimeError(f"torch.nn.attention.sdpa_kernel is missing in torch "
+                           f"{torch.__version__} (it needs torch >= 2.3)") from e
+    names = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
+    if peer not in names:
+        raise ValueError(f"unknown peer {peer}")
+    backend = getattr(SDPBackend, names[peer], None)
+    if backend is None:
+        raise RuntimeError(f"SDPBackend.{names[peer]} is missing in torch "
+                           f"{torch.__version__}")
+    b, h, s, d, scale = (w.args[k] for k in ("b", "h", "s", "d", "scale"))
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+
+    def f():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+    if not w.args["bwd"]:
+        return f
+    o = f()
+    dout = torch.randn_like(o)
+    return lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+
+
 BUILDERS = {
     "copy": build_copy, "adamw": build_adamw, "norm": build_norm, "swiglu": build_swiglu,
     "add_rmsnorm": build_add_rmsnorm,
     "rope": build_rope, "softmax": build_softmax, "cross_entropy": build_cross_entropy,
     "clip_grad_norm": build_clip_grad_norm, "grad_norm": build_grad_norm,
     "gemm": build_gemm, "newton_schulz": build_newton_schulz, "linear": build_linear,
-    "muon": build_muon,
+    "muon": build_muon, "attention": build_attention,
 }
 
 
@@ -781,7 +875,8 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", action="store_true",
                     help="print the README workload table and exit")
     ap.add_argument("--self-check", action="store_true",
-                    help="check GPT-2 shapes, floors vs ANCHORS and bench/README.md; "
+                    help="check GPT-2 shapes, floors and quoted TF/s vs ANCHORS and "
+                         "bench/README.md; "
                          "no torch needed")
     ap.add_argument("--readme", default=None,
                     help="README for --self-check (default: README.md beside this file)")

@@ -174,7 +174,10 @@ pub fn lower_kernel(
         }
         Some(w) => w,
         None => match c.blocks.last().map(|b| mma_acc_elems(&c.func, b)) {
-            Some(acc) if acc > 0 => mma_warps(acc),
+            Some(acc) if acc > 0 => {
+                let chained = c.blocks.last().map_or(0, |b| chained_mma_warps(&c.func, b));
+                mma_warps(acc).max(chained)
+            }
             _ => default_warps(c.max_tile),
         },
     };
@@ -250,6 +253,54 @@ pub(crate) fn mma_warps(acc_elems: u64) -> u32 {
     } else {
         w.next_power_of_two() / 2
     }
+}
+
+/// Warps for a loop of chained tensor-core products (attention: `S = Q·Kᵀ`, then
+/// `P·V` from `S`): their accumulators are live together, so [`mma_warps`] of their sum,
+/// but no more than keeps 16 rows of the smallest product per warp (the back end puts
+/// every warp of a chain along M: `back::ptx::dot_chains`). 0 without a chain.
+fn chained_mma_warps(func: &Function, block: &crate::ir::Block) -> u32 {
+    let defs = crate::ir::chains::definitions_in(func, block);
+    let mut best = 0;
+    let mut blocks = vec![block];
+    while let Some(b) = blocks.pop() {
+        let mut dots: Vec<(crate::ir::InstId, u64, u32)> = Vec::new();
+        for &i in &b.insts {
+            for r in crate::ir::regions(&func.insts[i].op) {
+                blocks.push(r);
+            }
+            if let crate::ir::Op::Dot { a, acc, .. } = func.insts[i].op {
+                let ty = func.value_type(acc);
+                let s = crate::ir::shape_of(ty);
+                let tc = matches!(
+                    func.value_type(a).dtype(),
+                    crate::types::DType::F16 | crate::types::DType::BF16
+                ) && ty.dtype() == crate::types::DType::F32;
+                if tc && s.len() == 2 {
+                    dots.push((i, s.iter().map(|&d| d as u64).product(), s[0]));
+                }
+            }
+        }
+        let ids: std::collections::HashSet<_> = dots.iter().map(|d| d.0).collect();
+        let chained = dots.iter().any(|&(d, _, _)| match func.insts[d].op {
+            crate::ir::Op::Dot { a, .. } => crate::ir::chains::producing_dots(func, &defs, a)
+                .iter()
+                .any(|p| ids.contains(p)),
+            _ => false,
+        });
+        if chained {
+            let total: u64 = dots.iter().map(|d| d.1).sum();
+            let rows = dots.iter().map(|d| d.2).min().unwrap_or(16);
+            let cap = (rows / 16).max(1);
+            let cap = if cap.is_power_of_two() {
+                cap
+            } else {
+                cap.next_power_of_two() / 2
+            };
+            best = best.max(mma_warps(total).min(cap));
+        }
+    }
+    best
 }
 
 /// Warps from the largest tile: about 8 elements per thread (tile elements / 256),

@@ -779,6 +779,13 @@ impl Machine<'_> {
                 ..
             } => {
                 self.start_fetch(*buf, *slot, "scratch_fetch", |me, d, s| {
+                    // A slot of lower rank than the tensor takes a tile whose leading
+                    // extents are 1 (the pipeline's squeezed loads).
+                    let full: Vec<u32> =
+                        std::iter::repeat_n(1, index.len().saturating_sub(s.len()))
+                            .chain(s.iter().copied())
+                            .collect();
+                    let s = full.as_slice();
                     let base = me.tile_base(index, s)?;
                     me.with_tensor(*tensor, |t| {
                         if t.dtype != d {

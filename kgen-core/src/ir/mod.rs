@@ -14,6 +14,7 @@
 //! `kgen compile --emit ir` prints and what the IR snapshots hold.
 
 pub mod arena;
+pub mod chains;
 pub mod display;
 pub mod props;
 

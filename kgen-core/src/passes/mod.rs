@@ -2,15 +2,20 @@
 //!
 //! 1. `cse`: pure instructions computed twice with the same operands are computed once.
 //! 2. `dce`: pure instructions whose results are unused are removed.
-//! 3. `pipeline` (when [`PassOptions::pipeline`] is given): the loads that feed
+//! 3. `resident` (when [`PassOptions::pipeline`] is given): tiles loaded once before a
+//!    loop whose tensor-core `dot`s read them in every iteration are kept in shared
+//!    memory instead of registers.
+//! 4. `pipeline` (likewise): the loads that feed
 //!    tensor-core `dot`s in loops become fetches into staged shared buffers, `num_stages`
-//!    deep; then `cse` and `dce` again (the loads' index arithmetic is left unused).
+//!    deep, in the shared memory `resident` left; then `cse` and `dce` again (the loads'
+//!    index arithmetic is left unused).
 //!
 //! Each pass keeps every invariant of `ir/mod.rs` (the pipeline validates after them).
 
 mod cse;
 mod dce;
 pub mod pipeline;
+mod resident;
 mod rewrite;
 
 use crate::diag::Diagnostics;
@@ -47,7 +52,12 @@ pub fn optimize(func: &mut Function, opts: &PassOptions) -> Result<(), Diagnosti
     cse::run(func);
     dce::run(func);
     if let Some(p) = &opts.pipeline {
-        pipeline::run(func, p)?;
+        let reserved = resident::run(func, p);
+        let p = pipeline::PipelineOptions {
+            max_shared_bytes: (p.max_shared_bytes as u64).saturating_sub(reserved) as u32,
+            ..*p
+        };
+        pipeline::run(func, &p)?;
         cse::run(func);
         dce::run(func);
     }

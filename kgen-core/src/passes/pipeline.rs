@@ -227,7 +227,11 @@ type Around = (Vec<InstId>, Vec<InstId>);
 
 /// One load to stage.
 struct Staged {
+    /// The instruction that becomes the slot read: the load, or the reshape that drops
+    /// its leading unit extents.
     load: InstId,
+    /// The load itself when `load` is such a reshape (it is removed from the body).
+    squeezed_load: Option<InstId>,
     tensor: u32,
     index: Vec<ValueId>,
     padding: Scalar,
@@ -298,6 +302,16 @@ fn pipeline_loop(
                 Some(Op::Permute(v, p)) if p.as_slice() == [1, 0] => *v,
                 _ => x,
             };
+            // A tile of a rank-3+ tensor whose leading extents are 1, reshaped to its
+            // last two dimensions (`load(k, [bh, j, 0], [1, BN, D]).reshape([BN, D])`):
+            // the reshape becomes the slot read, the load goes away.
+            let (x, squeezed) = match def.get(&x).map(|&d| (d, &func.insts[d].op)) {
+                Some((r, Op::Reshape(v))) if squeezes_leading(func, *v, x) => (*v, Some(r)),
+                _ => (x, None),
+            };
+            if squeezed.is_some() && use_count(func, &body, x) != 1 {
+                continue;
+            }
             let Some(&l) = def.get(&x) else { continue };
             let Op::Load {
                 tensor,
@@ -317,9 +331,12 @@ fn pipeline_loop(
             {
                 continue;
             }
-            let ty = func.value_type(x).clone();
+            let ty = func
+                .value_type(squeezed.map_or(x, |r| func.insts[r].results[0]))
+                .clone();
             staged.push(Staged {
-                load: l,
+                load: squeezed.unwrap_or(l),
+                squeezed_load: squeezed.map(|_| l),
                 tensor: *tensor,
                 index: index.clone(),
                 padding: *padding,
@@ -478,6 +495,35 @@ fn collect_defs(func: &Function, block: &Block, out: &mut Vec<ValueId>) {
             collect_defs(func, r, out);
         }
     }
+}
+
+/// Whether `to = reshape(from)` only drops leading extents of 1 from a tile of rank 3 or
+/// more, keeping its last two dimensions.
+fn squeezes_leading(func: &Function, from: ValueId, to: ValueId) -> bool {
+    let (f, t) = (func.value_type(from), func.value_type(to));
+    let (Some(f), Some(t)) = (f.shape(), t.shape()) else {
+        return false;
+    };
+    let (f, t) = (f.dims(), t.dims());
+    f.len() >= 3
+        && t.len() == 2
+        && f[f.len() - 2..] == *t
+        && f[..f.len() - 2].iter().all(|&d| d == 1)
+}
+
+/// How many operands in `block` (a loop body: what it defines is read nowhere else)
+/// read `v`.
+fn use_count(func: &Function, block: &Block, v: ValueId) -> usize {
+    let mut n = 0;
+    let mut all = Vec::new();
+    collect_insts(func, block, &mut all);
+    for i in all {
+        n += crate::ir::operands(&func.insts[i].op)
+            .iter()
+            .filter(|&&o| o == v)
+            .count();
+    }
+    n
 }
 
 /// Whether `v` can be recomputed for another iteration at the top of the body: the
@@ -791,7 +837,9 @@ fn rewrite(
             slot: slot_arg,
         };
     }
+    let squeezed: HashSet<InstId> = staged.iter().filter_map(|s| s.squeezed_load).collect();
     if let Op::For { body, .. } = &mut func.insts[for_id].op {
+        body.insts.retain(|i| !squeezed.contains(i));
         let mut insts = top.insts;
         insts.append(&mut body.insts);
         body.insts = insts;

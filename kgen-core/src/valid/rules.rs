@@ -280,13 +280,21 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             padding,
             ..
         } => {
+            // The pipeline's shared buffers hold rank-2 slots, also of a rank-3+
+            // tensor's tiles whose leading extents are 1.
+            let buf_shared =
+                |f: &Function, b: u32| f.scratch.get(b as usize).is_some_and(|b| b.shared);
             let want = scratch_slot_type(func, *buf, &ty(slot))?;
             let t = func
                 .tensor_param(*tensor)
                 .ok_or("scratch_fetch from a non-tensor")?;
             check_index(func, index, t.rank())?;
             ensure(
-                want.dtype() == t.dtype && want.shape().map(|s| s.rank()) == Some(t.rank()),
+                want.dtype() == t.dtype
+                    && want.shape().is_some_and(|s| {
+                        s.rank() == t.rank()
+                            || (s.rank() == 2 && t.rank() > 2 && buf_shared(func, *buf))
+                    }),
                 || {
                     format!(
                         "scratch_fetch of {want} slots from a rank-{} {} tensor",

@@ -95,8 +95,16 @@ struct Assigner<'f> {
     defs: HashMap<ValueId, crate::ir::InstId>,
     out: Assignment,
     /// Layouts chosen for loads (and the casts after them) ahead of the forward walk:
-    /// see `broadcast_sources`.
+    /// see `broadcast_sources`, and register operands loaded in their fragment layout
+    /// (`dot_chains::operand_loads`).
     wanted: HashMap<ValueId, Layout>,
+    /// Products that put every warp along M (`dot_chains::row_dots`).
+    row_dots: std::collections::HashSet<crate::ir::InstId>,
+    /// Loop-carried values that start as a constant tile, during the first walk of
+    /// their loop's body: `follow` passes over them, so what the body computes from them
+    /// decides their layout (a running row max takes the reduction's layout instead of
+    /// forcing the constant's default on it).
+    undecided: std::collections::HashSet<ValueId>,
 }
 
 fn squeeze(shape: &[u32]) -> Vec<u32> {
@@ -126,7 +134,10 @@ pub fn assign(func: &Function, num_warps: u32, wgmma: bool) -> Assignment {
             staged: std::collections::HashSet::new(),
         },
         wanted: HashMap::new(),
+        row_dots: super::dot_chains::row_dots(func, num_warps),
+        undecided: std::collections::HashSet::new(),
     };
+    a.wanted = super::dot_chains::operand_loads(func, num_warps, &a.row_dots);
     a.collect_vectors(&func.body);
     a.broadcast_sources();
     a.block(&func.body);
@@ -392,7 +403,7 @@ impl Assigner<'_> {
     /// default for `shape`.
     fn follow(&self, operands: &[ValueId], shape: &[u32]) -> Layout {
         for &o in operands {
-            if !self.uniform(o) && self.shape(o) == shape {
+            if !self.uniform(o) && !self.undecided.contains(&o) && self.shape(o) == shape {
                 return self.out.layout(o);
             }
         }
@@ -514,12 +525,33 @@ impl Assigner<'_> {
                     Layout::Slice { parent, dim } if dim == *axis => Some(*parent),
                     _ => None,
                 };
-                self.shape_result(*v, &rshape, &w, named)
+                // Undoing a reduction gives back its operand's layout (Triton's slice
+                // encoding), so a row statistic broadcast over its rows again (a
+                // softmax's max, attention's rescale) is a register renaming in that
+                // layout and the result meets the rows it came from without a
+                // conversion.
+                match named {
+                    Some(n)
+                        if layout::free_remap(
+                            &self.lin(*v),
+                            &n.linear(&rshape, self.num_warps),
+                            &w,
+                        )
+                        .is_some() =>
+                    {
+                        n
+                    }
+                    _ => self.shape_result(*v, &rshape, &w, named),
+                }
             }
             Op::Permute(v, perm) => match layout::permute_weights(&self.shape(*v), perm) {
                 Some(w) => self.shape_result(*v, &rshape, &w, None),
                 None => self.default_layout(&rshape),
             },
+            Op::Reshape(_) if res.is_some_and(|r| self.wanted.contains_key(&r)) => res
+                .and_then(|r| self.wanted.get(&r))
+                .cloned()
+                .unwrap_or_else(|| self.default_layout(&rshape)),
             Op::Reshape(v) => match layout::reshape_weights(&self.shape(*v), &rshape) {
                 Some(w) => self.shape_result(*v, &rshape, &w, None),
                 None => self.default_layout(&rshape),
@@ -560,7 +592,11 @@ impl Assigner<'_> {
                                 && shared_tile_load(func, &self.defs, *b)
                         });
                     let grid = wg.unwrap_or_else(|| {
-                        super::mma_layout::warp_grid(rshape[0], rshape[1], self.num_warps)
+                        if self.row_dots.contains(&id) {
+                            [self.num_warps, 1]
+                        } else {
+                            super::mma_layout::warp_grid(rshape[0], rshape[1], self.num_warps)
+                        }
                     });
                     Layout::Mma(super::mma_layout::MmaLayout {
                         warps_m: grid[0],
@@ -582,13 +618,23 @@ impl Assigner<'_> {
         if let Some(&iv) = body.args.first() {
             self.set(iv, Layout::Uniform);
         }
+        let mut undecided = Vec::new();
         for (k, &init) in inits.iter().enumerate() {
             if let Some(&arg) = body.args.get(k + 1) {
                 let l = self.out.layout(init);
                 self.set(arg, l);
+                // An inner loop's accumulator starts as the outer loop's undecided one.
+                let open = self.uniform(init) || self.undecided.contains(&init);
+                if open && self.shape(init) == self.shape(arg) {
+                    undecided.push(arg);
+                }
             }
         }
+        self.undecided.extend(undecided.iter().copied());
         self.block(body);
+        for a in &undecided {
+            self.undecided.remove(a);
+        }
         // Carried values that start as constants/splats follow what the body yields.
         let yields: Vec<ValueId> = body
             .insts
@@ -603,7 +649,10 @@ impl Assigner<'_> {
             let (Some(&arg), Some(&y)) = (body.args.get(k + 1), yields.get(k)) else {
                 continue;
             };
-            if self.uniform(init) && !self.uniform(y) && self.shape(y) == self.shape(arg) {
+            if (self.uniform(init) || undecided.contains(&arg))
+                && !self.uniform(y)
+                && self.shape(y) == self.shape(arg)
+            {
                 let yl = self.out.layout(y);
                 if yl != self.out.layout(arg) {
                     self.set(arg, yl);

@@ -19,9 +19,9 @@
 //! then the value's (for a shape-op use, the layout that makes the shape op a register
 //! renaming: checked with `layout::free_remap`, else nothing changes). Instructions are
 //! visited last to first, so a producer sees its consumers' final layouts, and a chain
-//! of cheap values follows its last consumer back to its start. A load changes only to
-//! a layout that reads at least as many contiguous elements per thread as its default
-//! (no narrower vectors). Nothing is computed twice: no instruction is added.
+//! of cheap values follows its last consumer back to its start. A load of more than
+//! `NARROW_LOAD_ELEMENTS` changes only to a layout that reads at least as many contiguous
+//! elements per thread as its default (no narrower vectors). Nothing is computed twice: no instruction is added.
 
 use super::assign::Assignment;
 use super::layout::{self, Layout, Linear};
@@ -32,6 +32,12 @@ use std::collections::{HashMap, HashSet};
 /// Loads of at most this many elements count as cheap (a table row or a small block of
 /// one; a big tile keeps the layout its own accesses chose).
 const CHEAP_LOAD_ELEMENTS: u64 = 1024;
+
+/// Loads of at most this many elements take their consumers' layout even when it reads
+/// fewer contiguous elements per thread than their default: a few narrow loads cost less
+/// than a conversion's barrier pair (attention's per-row `lse` of 64 to 128 floats, read
+/// in every iteration of its backward loop, broadcast over an `mma` accumulator's rows).
+const NARROW_LOAD_ELEMENTS: u64 = 256;
 
 /// Runs the phase over `func`, updating `asg` in place.
 pub fn propagate(func: &Function, asg: &mut Assignment) {
@@ -93,7 +99,10 @@ pub fn propagate(func: &Function, asg: &mut Assignment) {
             let last = shape.len().saturating_sub(1);
             let default = asg.default_layout(&shape).linear(&shape, asg.num_warps);
             let extent = layout::pad_pow2(shape.get(last).copied().unwrap_or(1));
-            if want.contiguity(last) < default.contiguity(last).min(extent) {
+            let elements: u64 = shape.iter().map(|&d| d as u64).product();
+            if elements > NARROW_LOAD_ELEMENTS
+                && want.contiguity(last) < default.contiguity(last).min(extent)
+            {
                 continue;
             }
         }

@@ -15,6 +15,7 @@ pub mod assign;
 pub mod axis;
 pub mod cheap_layouts;
 pub mod dead_code;
+pub mod dot_chains;
 pub mod isa;
 pub mod layout;
 pub mod limits;

@@ -280,7 +280,7 @@ impl Lowerer<'_> {
         })
     }
 
-    fn mma_source(
+    pub(super) fn mma_source(
         &mut self,
         v: ValueId,
         layout: MmaLayout,

@@ -979,7 +979,7 @@ impl<'a> Lowerer<'a> {
                         .filter(|_| !precision.is_tf32())
                         .and_then(|r| self.wgmma_plan(*a, *b, r, m));
                     match plan {
-                        Some(plan) => self.lower_wgmma(id, *acc, plan),
+                        Some(plan) => self.lower_wgmma(id, *a, *acc, m, plan),
                         None => self.lower_mma(id, *a, *b, *acc, *precision, m),
                     }
                 }

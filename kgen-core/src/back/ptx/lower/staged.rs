@@ -283,9 +283,12 @@ impl Lowerer<'_> {
         let (slot_addr, tile, range) = self.shared_slot(buf, slot, span)?;
         let real = func.scratch[buf as usize].slot_shape.clone();
         let (t, tp) = self.tensor(tensor, span)?;
-        if tp.rank() != 2 || index.len() != 2 || real.len() != 2 {
+        // A rank-N tensor's tile with leading extents of 1: its leading indices only
+        // move the tile's origin (`passes::pipeline` squeezes them away).
+        if tp.rank() < 2 || index.len() != tp.rank() || real.len() != 2 {
             return Err(unsupported(span, "a staged fetch of a 2-D tile"));
         }
+        let nl = tp.rank() - 2;
         let dt = tp.dtype;
         let es = dt.size_bytes();
         let vec_bytes = if tp.contiguous {
@@ -316,27 +319,19 @@ impl Lowerer<'_> {
         // fetches use, reads nothing), and the columns left in its rows.
         let mut origin = Vec::with_capacity(2);
         for d in 0..2 {
-            let idx = self.scalar(index[d], span)?;
+            let idx = self.scalar(index[nl + d], span)?;
             origin.push(self.op1(
                 RegClass::B32,
                 "mul.lo.s32",
                 vec![idx.into(), Operand::Imm(real[d] as i64)],
             ));
         }
-        let stride0 = t
-            .strides
-            .first()
-            .copied()
-            .map(|e| e.op())
-            .unwrap_or(Operand::Imm(0));
+        let stride_of = |d: usize| t.strides.get(d).copied().map(|e| e.op());
+        let stride0 = stride_of(nl).unwrap_or(Operand::Imm(0));
         let stride1 = if tp.contiguous {
             Operand::Imm(1)
         } else {
-            t.strides
-                .get(1)
-                .copied()
-                .map(|e| e.op())
-                .unwrap_or(Operand::Imm(1))
+            stride_of(nl + 1).unwrap_or(Operand::Imm(1))
         };
         let off0 = self.op1(
             RegClass::B64,
@@ -348,8 +343,7 @@ impl Lowerer<'_> {
             "mul.wide.s32",
             vec![origin[1].into(), stride1.clone()],
         );
-        let off = self.op1(RegClass::B64, "add.s64", vec![off0.into(), off1.into()]);
-        let tile_ptr = self.element_address(t.base, dt, off);
+        let mut off = self.op1(RegClass::B64, "add.s64", vec![off0.into(), off1.into()]);
         let neg0 = self.op1(
             RegClass::Pred,
             "setp.lt.s32",
@@ -360,11 +354,29 @@ impl Lowerer<'_> {
             "setp.lt.s32",
             vec![origin[1].into(), Operand::Imm(0)],
         );
-        let neg = self.op1(RegClass::Pred, "or.pred", vec![neg0.into(), neg1.into()]);
+        let mut neg = self.op1(RegClass::Pred, "or.pred", vec![neg0.into(), neg1.into()]);
+        // Leading dimensions: the index is the element (extent 1); one outside the
+        // tensor (unsigned: a negative one too) makes the whole tile zeros.
+        for (d, &ix) in index.iter().enumerate().take(nl) {
+            let idx = self.scalar(ix, span)?;
+            let o = self.op1(
+                RegClass::B64,
+                "mul.wide.s32",
+                vec![idx.into(), stride_of(d).unwrap_or(Operand::Imm(0))],
+            );
+            off = self.op1(RegClass::B64, "add.s64", vec![off.into(), o.into()]);
+            let out = self.op1(
+                RegClass::Pred,
+                "setp.ge.u32",
+                vec![idx.into(), t.dims[d].op()],
+            );
+            neg = self.op1(RegClass::Pred, "or.pred", vec![neg.into(), out.into()]);
+        }
+        let tile_ptr = self.element_address(t.base, dt, off);
         let left = self.op1(
             RegClass::B32,
             "sub.s32",
-            vec![t.dims[1].op(), origin[1].into()],
+            vec![t.dims[nl + 1].op(), origin[1].into()],
         );
         let left = self.op1(
             RegClass::B32,
@@ -459,7 +471,7 @@ impl Lowerer<'_> {
             let ok = self.op1(
                 RegClass::Pred,
                 "setp.lt.u32",
-                vec![grow.into(), t.dims[0].op()],
+                vec![grow.into(), t.dims[nl].op()],
             );
             let ok = match row_in_tile {
                 Some(p) => self.op1(RegClass::Pred, "and.pred", vec![ok.into(), p.into()]),

@@ -23,7 +23,7 @@
 use super::staged::StagedView;
 use super::{unsupported, Lowerer, R};
 use crate::back::ptx::isa::{Operand, Reg, RegClass};
-use crate::back::ptx::mma_layout::MmaLayout;
+use crate::back::ptx::mma_layout::{MmaLayout, MmaOperand};
 use crate::back::ptx::swizzle::{SharedTile, Swizzle};
 use crate::ir::{InstId, ValueId};
 use crate::types::DType;
@@ -103,7 +103,9 @@ impl Descriptor {
 
 /// What one wgmma `dot` needs, decided before anything is emitted.
 pub(super) struct Plan {
-    a: StagedView,
+    /// A in shared memory, or `None`: A in registers (wgmma's register-sourced form,
+    /// attention's `P·V`).
+    a: Option<StagedView>,
     b: StagedView,
     major_a: Major,
     major_b: Major,
@@ -172,34 +174,42 @@ impl Lowerer<'_> {
         {
             return None;
         }
-        let va = self.staged_vals.get(&a).copied()?;
+        // A from registers: each warp's 16 rows in `mma.sync`'s A fragment, which is
+        // wgmma's register fragment for A (PTX ISA, "Register Fragments and Shared Memory
+        // Matrix Layouts": the m64nNk16 A fragment of a warp is m16n8k16's).
+        let va = self.staged_vals.get(&a).copied();
         let vb = self.staged_vals.get(&b).copied()?;
         // A is [M, K]: stored [M, K] (K-major) unless it is a transposed view.
-        let major_a = if va.transposed { Major::Mn } else { Major::K };
+        let major_a = match va {
+            Some(v) if v.transposed => Major::Mn,
+            _ => Major::K,
+        };
         // B is [K, N]: stored [K, N] (N-major) unless it is a transposed view.
         let major_b = if vb.transposed { Major::K } else { Major::Mn };
         let steps = kp / 16;
         // Every descriptor this product will build must exist.
         for s in 0..steps {
-            for g in 0..layout.warps_m / 4 {
-                Descriptor::of(&va.tile, major_a, 64 * g, 16 * s)?;
+            if let Some(va) = &va {
+                for g in 0..layout.warps_m / 4 {
+                    Descriptor::of(&va.tile, major_a, 64 * g, 16 * s)?;
+                }
             }
             Descriptor::of(&vb.tile, major_b, 0, 16 * s)?;
         }
         // The tiles must hold the whole instruction: 64 rows of A per warpgroup, N of B.
-        let (a_mn, b_mn) = (
-            storage_extent(&va.tile, major_a),
-            storage_extent(&vb.tile, major_b),
-        );
+        let a_mn = va.map_or(mp, |va| storage_extent(&va.tile, major_a));
+        let b_mn = storage_extent(&vb.tile, major_b);
         if a_mn < mp || b_mn < np {
             return None;
         }
-        let lag = [va.buf, vb.buf].iter().all(|&buf| {
-            self.func
-                .scratch
-                .get(buf as usize)
-                .is_some_and(|s| s.lag >= 1)
-        });
+        let bufs: Vec<u32> = va.iter().map(|v| v.buf).chain([vb.buf]).collect();
+        let lag = va.is_some()
+            && bufs.iter().all(|&buf| {
+                self.func
+                    .scratch
+                    .get(buf as usize)
+                    .is_some_and(|s| s.lag >= 1)
+            });
         Some(Plan {
             lag,
             a: va,
@@ -213,7 +223,14 @@ impl Lowerer<'_> {
     }
 
     /// Lowers `dot` `id` by `plan` (module docs).
-    pub(super) fn lower_wgmma(&mut self, id: InstId, acc: ValueId, plan: Plan) -> R<()> {
+    pub(super) fn lower_wgmma(
+        &mut self,
+        id: InstId,
+        a: ValueId,
+        acc: ValueId,
+        layout: MmaLayout,
+        plan: Plan,
+    ) -> R<()> {
         let func = self.func;
         let inst = &func.insts[id];
         let span = inst.span;
@@ -247,7 +264,25 @@ impl Lowerer<'_> {
         if d.len() != cur.len() {
             return Err(unsupported(span, "wgmma accumulator layout"));
         }
-        let desc_a = self.descriptor_base(&plan.a, plan.major_a, true)?;
+        // A's source: a descriptor per k-step, or this warp's packed fragments, all made
+        // before the fence (wgmma reads its register operands asynchronously: nothing
+        // may write them between the fence and the wait).
+        let (ty, steps) = (plan.ty, plan.steps);
+        let a_regs: Option<Vec<[Reg; 4]>> = match plan.a {
+            Some(_) => None,
+            None => {
+                let src = self.mma_source(a, layout, MmaOperand::A, span)?;
+                Some(
+                    (0..steps)
+                        .map(|s| self.a_fragment(&src, 0, s, &[], ty, span))
+                        .collect::<R<_>>()?,
+                )
+            }
+        };
+        let desc_a = match &plan.a {
+            Some(va) => Some(self.descriptor_base(va, plan.major_a, true)?),
+            None => None,
+        };
         let desc_b = self.descriptor_base(&plan.b, plan.major_b, false)?;
         let scale_d = self.in_prologue(|l| {
             l.op1(
@@ -256,28 +291,43 @@ impl Lowerer<'_> {
                 vec![Operand::Imm(1), Operand::Imm(0)],
             )
         });
-        let (ty, steps) = (plan.ty, plan.steps);
         self.comment(format!(
-            "dot: wgmma.mma_async m64n{n}k16 {ty}, one per warpgroup per k-step, {steps} k-steps"
+            "dot: wgmma.mma_async m64n{n}k16 {ty}, one per warpgroup per k-step, {steps} k-steps{}",
+            if a_regs.is_some() {
+                ", A from registers"
+            } else {
+                ""
+            }
         ));
-        self.emit("wgmma.fence.sync.aligned", vec![]);
         let trans_a = (plan.major_a == Major::Mn) as i64;
         let trans_b = (plan.major_b == Major::Mn) as i64;
+        // The descriptors first too: only wgmma instructions between fence and commit.
+        let mut steps_ab = Vec::with_capacity(steps as usize);
         for s in 0..steps {
-            let sa = self.step_descriptor(&plan.a, plan.major_a, desc_a, s)?;
+            let sa = match (&plan.a, desc_a) {
+                (Some(va), Some(base)) => Some(self.step_descriptor(va, plan.major_a, base, s)?),
+                _ => None,
+            };
             let sb = self.step_descriptor(&plan.b, plan.major_b, desc_b, s)?;
+            steps_ab.push((sa, sb));
+        }
+        self.emit("wgmma.fence.sync.aligned", vec![]);
+        for (s, (sa, sb)) in steps_ab.into_iter().enumerate() {
+            let mut operands = vec![Operand::Vec(d.clone())];
+            match (sa, &a_regs) {
+                (Some(sa), _) => operands.push(sa.into()),
+                (None, Some(fr)) => operands.push(Operand::Vec(fr[s].to_vec())),
+                (None, None) => return Err(unsupported(span, "wgmma without an A operand")),
+            }
+            operands.extend([sb.into(), scale_d.into(), Operand::Imm(1), Operand::Imm(1)]);
+            // The register form has no transpose for A.
+            if a_regs.is_none() {
+                operands.push(Operand::Imm(trans_a));
+            }
+            operands.push(Operand::Imm(trans_b));
             self.emit(
                 format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty}"),
-                vec![
-                    Operand::Vec(d.clone()),
-                    sa.into(),
-                    sb.into(),
-                    scale_d.into(),
-                    Operand::Imm(1),
-                    Operand::Imm(1),
-                    Operand::Imm(trans_a),
-                    Operand::Imm(trans_b),
-                ],
+                operands,
             );
         }
         self.emit("wgmma.commit_group.sync.aligned", vec![]);
@@ -292,7 +342,8 @@ impl Lowerer<'_> {
             self.wgmma_in_flight = true;
         }
         // Warp specialization: the producer may refill what is read completely.
-        self.ws_release(&[plan.a.buf, plan.b.buf], keep_one, span)?;
+        let bufs: Vec<u32> = plan.a.iter().map(|v| v.buf).chain([plan.b.buf]).collect();
+        self.ws_release(&bufs, keep_one, span)?;
         self.bind(res, cur);
         Ok(())
     }
