@@ -30,6 +30,8 @@ pub mod writer;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_chains;
+#[cfg(test)]
 mod tests_erf;
 #[cfg(test)]
 mod tests_gather;
