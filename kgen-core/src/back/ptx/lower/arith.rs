@@ -97,7 +97,18 @@ impl Lowerer<'_> {
     pub fn lower_arange(&mut self, res: Option<ValueId>, start: i64, span: Span) -> R<()> {
         let v = res.ok_or_else(|| unsupported(span, "arange without a result"))?;
         let lin = self.lin(v);
-        let t = self.thread_coord(&lin, 0);
+        let regs = self.arange_regs(&lin, start);
+        self.bind(v, regs);
+        Ok(())
+    }
+
+    /// The registers of `arange(start, ..)` laid out as `lin` (rank 1).
+    pub(super) fn arange_regs(
+        &mut self,
+        lin: &crate::back::ptx::layout::Linear,
+        start: i64,
+    ) -> Vec<Reg> {
+        let t = self.thread_coord(lin, 0);
         let mut regs = Vec::new();
         for r in 0..lin.num_regs() {
             let k = lin.reg_coord(r).first().copied().unwrap_or(0) as i64 + start;
@@ -107,8 +118,7 @@ impl Lowerer<'_> {
                 None => self.op1(RegClass::B32, "mov.b32", vec![Operand::Imm(k)]),
             });
         }
-        self.bind(v, regs);
-        Ok(())
+        regs
     }
 
     pub fn lower_elementwise(&mut self, id: crate::ir::InstId) -> R<()> {

@@ -235,6 +235,9 @@ pub struct Lowerer<'a> {
     uniform: std::collections::HashSet<ValueId>,
     /// Values known to hold one integer constant in every element (`int_div.rs`).
     known_ints: HashMap<ValueId, i64>,
+    /// `arange` results and their starts: recomputed in a consumer's layout instead of
+    /// converted (Triton's rematerialization, for the index tiles masks are made of).
+    aranges: HashMap<ValueId, i64>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -303,6 +306,15 @@ impl<'a> Lowerer<'a> {
             block_uses: Vec::new(),
             uniform: std::collections::HashSet::new(),
             known_ints: HashMap::new(),
+            aranges: crate::ir::program_order(func)
+                .into_iter()
+                .filter_map(
+                    |i| match (&func.insts[i].op, func.insts[i].results.first()) {
+                        (Op::Arange { start, .. }, Some(&r)) => Some((r, *start)),
+                        _ => None,
+                    },
+                )
+                .collect(),
         }
     }
 
@@ -857,8 +869,14 @@ impl<'a> Lowerer<'a> {
             }
         }
         let shape = self.shape(v);
-        let w = super::layout::identity_weights(&shape);
-        let out = self.remap(&regs, &src, dst, &w, self.dtype(v), span)?;
+        let out = match self.aranges.get(&v) {
+            // An index tile is cheaper to make again than to move.
+            Some(&start) if dst.rank() == 1 => self.arange_regs(dst, start),
+            _ => {
+                let w = super::layout::identity_weights(&shape);
+                self.remap(&regs, &src, dst, &w, self.dtype(v), span)?
+            }
+        };
         if let Some(top) = self.conv_cache.last_mut() {
             top.insert(key, out.clone());
         }

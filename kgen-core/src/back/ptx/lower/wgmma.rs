@@ -239,10 +239,20 @@ impl Lowerer<'_> {
             .first()
             .ok_or_else(|| unsupported(span, "dot without a result"))?;
         let lin_c = self.lin(res);
-        let mut cur: Vec<Reg> = self.operand_in(acc, &lin_c, span)?;
+        // A zero accumulator (`dot(a, b, zeros(..))`: attention's scores) is not
+        // materialized: the first k-step runs with scale-d false (D = A·B), which reads
+        // nothing from D's registers.
+        let from_zero = self.is_zero_tile(acc);
+        let mut cur: Vec<Reg> = if from_zero {
+            (0..lin_c.num_regs())
+                .map(|_| self.reg(RegClass::F32))
+                .collect()
+        } else {
+            self.operand_in(acc, &lin_c, span)?
+        };
         // In place only when nothing else reads the accumulator's registers.
         let distinct = cur.iter().collect::<std::collections::HashSet<_>>().len() == cur.len();
-        let in_place = distinct && self.uses.get(&acc).copied().unwrap_or(0) == 1;
+        let in_place = from_zero || (distinct && self.uses.get(&acc).copied().unwrap_or(0) == 1);
         if !in_place {
             cur = cur.iter().map(|&r| self.copy(r)).collect();
         }
@@ -291,6 +301,17 @@ impl Lowerer<'_> {
                 vec![Operand::Imm(1), Operand::Imm(0)],
             )
         });
+        let scale_first = if from_zero {
+            self.in_prologue(|l| {
+                l.op1(
+                    RegClass::Pred,
+                    "setp.ne.b32",
+                    vec![Operand::Imm(0), Operand::Imm(0)],
+                )
+            })
+        } else {
+            scale_d
+        };
         self.comment(format!(
             "dot: wgmma.mma_async m64n{n}k16 {ty}, one per warpgroup per k-step, {steps} k-steps{}",
             if a_regs.is_some() {
@@ -319,7 +340,8 @@ impl Lowerer<'_> {
                 (None, Some(fr)) => operands.push(Operand::Vec(fr[s].to_vec())),
                 (None, None) => return Err(unsupported(span, "wgmma without an A operand")),
             }
-            operands.extend([sb.into(), scale_d.into(), Operand::Imm(1), Operand::Imm(1)]);
+            let scale = if s == 0 { scale_first } else { scale_d };
+            operands.extend([sb.into(), scale.into(), Operand::Imm(1), Operand::Imm(1)]);
             // The register form has no transpose for A.
             if a_regs.is_none() {
                 operands.push(Operand::Imm(trans_a));
@@ -402,6 +424,20 @@ impl Lowerer<'_> {
             "add.s64",
             vec![base.into(), Operand::Imm((d.start >> 4) as i64)],
         ))
+    }
+}
+
+impl Lowerer<'_> {
+    /// Whether `v` is a tile constant of 0 (`zeros(..)`, `full(.., 0.0)`).
+    fn is_zero_tile(&self, v: ValueId) -> bool {
+        if crate::ir::shape_of(self.func.value_type(v)).is_empty() {
+            return false;
+        }
+        crate::ir::program_order(self.func).into_iter().any(|i| {
+            let inst = &self.func.insts[i];
+            inst.results.first() == Some(&v)
+                && matches!(&inst.op, crate::ir::Op::Const(c) if c.to_f64() == 0.0)
+        })
     }
 }
 
