@@ -3,6 +3,10 @@
 //! This facade re-exports the compiler ([`core`]), the runtime ([`runtime`]) and the
 //! `#[kernel]` macro.
 
+// `#[kgen::kernel]` expands to `::kgen::...` paths; this makes them resolve inside this
+// crate too (the GPT's small kernels in `gpt/kernels.rs`).
+extern crate self as kgen;
+
 pub use kgen_core as core;
 pub use kgen_macros::kernel;
 pub use kgen_runtime as runtime;
@@ -10,6 +14,7 @@ pub use kgen_runtime as runtime;
 pub mod bench;
 pub mod bundled;
 pub mod cases;
+pub mod gpt;
 pub mod ops;
 pub mod optim;
 pub mod train;

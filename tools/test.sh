@@ -6,8 +6,8 @@
 #   2. cargo test --workspace --release;
 #   3. builds the release `kgen` and runs `kgen selftest` (every bundled kernel's cases on
 #      the interpreter against the float64 references; on a GPU machine also on the GPU)
-#      and `kgen` alone (the README's main job, the training demo; fails if the loss does
-#      not go down);
+#      and `kgen` alone (the README's main job, the GPT on the interpreter; fails if the
+#      validation loss does not go down);
 #   4. runs tools/launch-with-cupy.py's cases through `kgen run --input/--save-outputs`
 #      against numpy (installs numpy with pip if it is missing);
 #   5. tests/no_spills.rs on its own, with its summary: every specialization the op
@@ -38,7 +38,7 @@ kgen="${CARGO_TARGET_DIR:-target}/release/kgen"
 step "kgen selftest"
 "$kgen" selftest
 
-step "kgen (the README's main job: the training demo, here on the interpreter)"
+step "kgen (the README's main job: the GPT, here on the interpreter)"
 "$kgen"
 
 step "the --emit abi launcher's cases through kgen run --input/--save-outputs (.npy), against numpy"

@@ -15,6 +15,7 @@
 use kgen_core::types::DType;
 use std::fmt::Write as _;
 
+pub mod attention;
 pub mod gemm;
 pub mod measure;
 pub mod muon;

@@ -37,6 +37,7 @@ pub mod sources;
 pub mod sumsq;
 pub mod swiglu;
 pub mod torch_adamw;
+pub mod torch_attention;
 pub mod torch_muon;
 pub mod vec_add;
 

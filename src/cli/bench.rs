@@ -398,9 +398,57 @@ pub fn bench(a: BenchArgs) -> CliResult {
         ));
     }
 
+    // Attention: forward and backward beside cuDNN and FlashAttention-2 (from --peers).
+    let attn_plan: Vec<_> = kgen::bench::attention::attention_workloads()
+        .into_iter()
+        .filter(|w| selected(&w.name, a.filter.as_deref()))
+        .collect();
+    let mut attn_table = None;
+    let mut attn_json = None;
+    if !attn_plan.is_empty() {
+        let timer = Timer::new(&ops, if a.quick { 10 } else { 20 }, 3, FLUSH_BYTES)
+            .map_err(|e| CliError::Msg(e.to_string()))?;
+        let mut attn_rows = Vec::new();
+        for (i, w) in attn_plan.iter().enumerate() {
+            let t = std::time::Instant::now();
+            let row =
+                kgen::bench::attention::run_attention(&ops, &timer, w, 0x6174_746e ^ i as u64);
+            progress(format!(
+                "[attention {}/{}] {:<42} {} ({:.1} s)",
+                i + 1,
+                attn_plan.len(),
+                w.name,
+                match &row.kgen {
+                    Ok(m) => format!(
+                        "{:.1} us, {:.0} TFLOP/s",
+                        m.median_us,
+                        row.tflops(m.median_us)
+                    ),
+                    Err(e) => format!("ERROR {e}"),
+                },
+                t.elapsed().as_secs_f64()
+            ));
+            if row.kgen.is_err() {
+                failed += 1;
+            }
+            attn_rows.push(row);
+        }
+        if let Some(p) = &peers {
+            kgen::bench::attention::merge_attention_peers(&mut attn_rows, p);
+        }
+        attn_json = Some(kgen::bench::attention::attention_rows_json(&attn_rows));
+        attn_table = Some(format!(
+            "# Attention (bf16, causal, [B, H, S, D], scale 1/sqrt(D)): kgen (Ops::attention_into; Ops::attention_backward_into: delta, dK/dV, dQ) vs torch (from --peers: F.scaled_dot_product_attention on cuDNN and FlashAttention-2); TF/s from the causal flops (backward: 2.5x the forward's); check = the sampled outputs' largest magnitude\n{}",
+            kgen::bench::attention::format_attention_table(&attn_rows).trim_end()
+        ));
+    }
+
     let mut extras = serde_json::Map::new();
     if let Some(j) = muon_json {
         extras.insert("muon".into(), j);
+    }
+    if let Some(j) = attn_json {
+        extras.insert("attention".into(), j);
     }
     let mut extra_lines = Vec::new();
     let (line, spills) = spill_report(&device);
@@ -666,11 +714,16 @@ pub fn bench(a: BenchArgs) -> CliResult {
             .into_iter()
             .map(|w| w.name)
             .collect();
+        let attn_names: Vec<String> = kgen::bench::attention::attention_workloads()
+            .into_iter()
+            .map(|w| w.name)
+            .collect();
         let known: Vec<&str> = rows
             .iter()
             .map(|r| r.workload.as_str())
             .chain(linear_names.iter().map(String::as_str))
             .chain(muon_names.iter().map(String::as_str))
+            .chain(attn_names.iter().map(String::as_str))
             .collect();
         let other = p
             .iter()
@@ -696,6 +749,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
         say(t);
     }
     if let Some(t) = &muon_table {
+        say(t);
+    }
+    if let Some(t) = &attn_table {
         say(t);
     }
     let missed = rows.iter().filter(|r| r.pass() == Some(false)).count();

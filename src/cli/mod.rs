@@ -31,12 +31,13 @@ use std::path::PathBuf;
         kgen run kernels-src/softmax.kg --grid 1000 --arg x=1000x4097 --arg y=1000x4097\n  \
         kgen run k.kg --grid 8 --input x=x.npy --arg y=1000 --save-outputs out/\n  \
         kgen selftest [--gpu] [--full] [--filter softmax]\n  \
-        kgen train [--steps N] [--no-gpu]     (also what `kgen` alone runs)\n  \
+        kgen train [--steps N] [--no-gpu] [--data PATH]     (also what `kgen` alone runs)\n  \
+        kgen train --mlp [--muon]     (the earlier MLP demo)\n  \
         kgen bench [--filter rmsnorm] [--peers peers.json]\n  \
         kgen cache [info|prune|clear]"
 )]
 struct Cli {
-    /// Without a command: `kgen train` (the end-to-end demo).
+    /// Without a command: `kgen train` (the main job: the GPT).
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -59,8 +60,10 @@ enum Command {
     /// device-to-device copy and, with --peers, PyTorch), plus launch cost, first launch
     /// and compile times.
     Bench(bench::BenchArgs),
-    /// Train a small MLP block (rmsnorm, SwiGLU, cross-entropy, AdamW) with kgen ops only,
-    /// forward and backward, printing the loss; on the GPU, or the interpreter without one.
+    /// Train a small GPT on real text (by default the Python standard library's sources)
+    /// with kgen ops only, forward and backward, printing the loss, tokens/s, the
+    /// validation loss and samples; on the GPU, or the interpreter without one. `--mlp`:
+    /// the earlier MLP demo.
     Train(TrainArgs),
     /// Show the on-disk caches (compiled kernels, tuning choices) by compiler build;
     /// `prune` removes what this build cannot use, `clear` everything.
@@ -201,8 +204,8 @@ struct SelftestArgs {
     full: bool,
     /// Only cases whose label contains this text (`ops`: only the op library and
     /// `#[kernel]` launcher checks, which otherwise run after the cases when no filter is given;
-    /// `ops:ns,optim`: only those groups of op checks: linear, gemm, norm, act, rope, loss,
-    /// ns, optim, capture).
+    /// `ops:ns,optim`: only those groups of op checks: linear, gemm, norm, act, rope, attn,
+    /// loss, ns, optim, capture).
     #[arg(long, value_name = "PAT")]
     filter: Option<String>,
     /// Seed of the cases' random inputs.
@@ -214,21 +217,46 @@ struct SelftestArgs {
     arch: Option<kgen::core::Arch>,
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Default)]
 struct TrainArgs {
-    /// Training steps (default: 300 on a GPU, 200 on the interpreter).
+    /// Training steps (default: the GPT 1000 on a GPU, 30 on the interpreter; the MLP
+    /// 300 / 200).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     steps: Option<u64>,
     /// Use the interpreter even when there is a GPU.
     #[arg(long)]
     no_gpu: bool,
-    /// Muon (lr 0.05) on the weight matrices and AdamW on the rest, in one step
-    /// (`kgen::optim::MuonWithAdamW`), instead of AdamW on everything.
-    #[arg(long)]
-    muon: bool,
-    /// Muon's learning rate with `--muon` (default 0.05).
-    #[arg(long, value_name = "LR", requires = "muon")]
+    /// Train the GPT on this text file or folder (default: the Python standard library's
+    /// sources on this machine).
+    #[arg(long, value_name = "PATH", conflicts_with = "mlp")]
+    data: Option<PathBuf>,
+    /// Write the initial weights, the first 20 batches, their losses and the measured
+    /// tokens/s into DIR (.npy and kgen.json) for bench/gpt_torch.py, the PyTorch twin.
+    #[arg(long, value_name = "DIR", conflicts_with = "mlp")]
+    dump_batches: Option<PathBuf>,
+    /// The GPT's interpreter-sized configuration, also on a GPU.
+    #[arg(long, conflicts_with = "mlp")]
+    tiny: bool,
+    /// AdamW's learning rate (the GPT's embedding and norm weights; default 3e-3, 1e-2
+    /// for the interpreter's tiny model).
+    #[arg(long, value_name = "LR", conflicts_with = "mlp")]
+    lr: Option<f64>,
+    /// Muon's learning rate (the GPT's hidden matrices, default 0.02; with --mlp --muon
+    /// the MLP's two matrices, default 0.05).
+    #[arg(long, value_name = "LR")]
     muon_lr: Option<f64>,
+    /// Seed of the initialization, the batches and the sampling.
+    #[arg(long, value_name = "N", conflicts_with = "mlp")]
+    seed: Option<u64>,
+    /// The earlier demo instead of the GPT: a small MLP block (rmsnorm, SwiGLU,
+    /// cross-entropy) on synthetic data, AdamW.
+    #[arg(long)]
+    mlp: bool,
+    /// With --mlp: Muon on the two weight matrices and AdamW on the norm weight, in one
+    /// step (`kgen::optim::MuonWithAdamW`), instead of AdamW on everything. (The GPT
+    /// always trains its hidden matrices with Muon.)
+    #[arg(long, requires = "mlp")]
+    muon: bool,
 }
 
 /// Runs the command line and returns the exit status.
@@ -245,12 +273,7 @@ pub fn main() -> i32 {
         eprintln!("kgen: internal error: {info}");
         eprintln!("kgen: this is a bug in kgen; please report it with the input that caused it");
     }));
-    let command = cli.command.unwrap_or(Command::Train(TrainArgs {
-        steps: None,
-        no_gpu: false,
-        muon: false,
-        muon_lr: None,
-    }));
+    let command = cli.command.unwrap_or(Command::Train(TrainArgs::default()));
     let result = std::panic::catch_unwind(move || match command {
         Command::Compile(a) => compile::compile(a),
         Command::Check(a) => compile::check(a),
@@ -290,6 +313,19 @@ mod tests {
         };
         assert_eq!((a.steps, a.no_gpu), (Some(5), true));
         assert!(Cli::try_parse_from(["kgen", "train", "--steps", "0"]).is_err());
+        // The GPT's options, and the MLP demo's behind --mlp.
+        let c = Cli::try_parse_from(["kgen", "train", "--data", "x.txt", "--dump-batches", "d"]);
+        let Ok(Cli {
+            command: Some(Command::Train(a)),
+        }) = c
+        else {
+            panic!("not train")
+        };
+        assert_eq!(a.data, Some(PathBuf::from("x.txt")));
+        assert!(!a.mlp);
+        assert!(Cli::try_parse_from(["kgen", "train", "--mlp", "--muon"]).is_ok());
+        assert!(Cli::try_parse_from(["kgen", "train", "--muon"]).is_err());
+        assert!(Cli::try_parse_from(["kgen", "train", "--mlp", "--data", "x"]).is_err());
     }
 
     #[test]

@@ -86,6 +86,7 @@ pub fn launchable_kernels(coverage: Coverage) -> (Vec<KernelRequest>, Vec<String
                         format!("gemm {t} alignments"),
                         gemm_alignments(ops, t, coverage),
                     );
+                    note(format!("attention {t}"), attention(ops, t, coverage));
                 }
                 note(format!("linear {t}"), linear(ops, t));
                 note(format!("optimizer {t}"), optimizer(ops, t));
@@ -321,6 +322,39 @@ fn linear(ops: &Ops, t: DType) -> Result<(), OpError> {
                 for db in [false, true] {
                     let z = (act != A::None).then_some(&dy);
                     ops.linear_backward(&dy, &x, &w, z, act, db)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Attention forward and backward for every head dimension, mask, layout (`[B, H, S, D]`
+/// storage and a permuted `[B, S, H, D]` one), plain and grouped heads (GROUP 1 and 2),
+/// with lse rows 16-byte aligned (S = 64) and 4-byte aligned (S = 7; Full: also 8-byte,
+/// S = 6).
+fn attention(ops: &Ops, t: DType, coverage: Coverage) -> Result<(), OpError> {
+    let seqs: &[usize] = match coverage {
+        Coverage::Quick => &[64, 7],
+        Coverage::Full => &[64, 7, 6],
+    };
+    let b = 2;
+    for &d in &super::attention::ATTENTION_HEAD_DIMS {
+        for (h, hkv) in [(2usize, 2usize), (4, 2)] {
+            for bshd in [false, true] {
+                for &s in seqs {
+                    let make = |heads: usize| -> Result<Tensor, OpError> {
+                        Ok(if bshd {
+                            tensor(ops, t, &[b, s, heads, d])?.permute(&[0, 2, 1, 3])?
+                        } else {
+                            tensor(ops, t, &[b, heads, s, d])?
+                        })
+                    };
+                    let (q, k, v, dout) = (make(h)?, make(hkv)?, make(hkv)?, make(h)?);
+                    for causal in [false, true] {
+                        let (o, lse) = ops.attention(&q, &k, &v, causal, None)?;
+                        ops.attention_backward(&q, &k, &v, &o, &lse, &dout, causal, None)?;
+                    }
                 }
             }
         }

@@ -17,6 +17,7 @@
 //! ```
 //!
 //! Files: `norm` (RMSNorm, LayerNorm fwd/bwd), `act` (SwiGLU, ReLU fwd/bwd), `rope`,
+//! `attention` (fused scaled-dot-product attention fwd/bwd, GQA, causal),
 //! `loss` (softmax, cross-entropy), `gemm` (the tensor-core GEMM with its fused
 //! epilogue), `linear` (linear layers forward and backward, matmul), `args` (a launch's
 //! arguments, spelled once), and [`crate::optim`] (AdamW,
@@ -33,6 +34,7 @@ use std::sync::{Arc, Mutex};
 
 pub mod act;
 mod args;
+pub mod attention;
 // Test code: the self-checks (`kgen selftest`) and the unit tests that need them.
 pub mod checks;
 pub mod gemm;

@@ -5,14 +5,15 @@
 //! (`ops/*.rs` outside this folder) use nothing from here nor from `cases`.
 //!
 //! Files: `common` (random and poisoned tensors, the error measure, tolerances), one per
-//! op file (`norm`, `act`, `rope`, `loss`, `linear`: linear layers forward and backward
-//! and matmul, `gemm`), and `capture` (ops
+//! op file (`norm`, `act`, `rope`, `attention`: group `attn`, `loss`, `linear`: linear
+//! layers forward and backward and matmul, `gemm`), and `capture` (ops
 //! recorded into a CUDA graph replay like eager ones). The optimizer's checks are
 //! [`crate::optim::checks`].
 
 use kgen_runtime::Device;
 
 pub mod act;
+pub mod attention;
 pub mod capture;
 mod common;
 pub mod gemm;
@@ -24,7 +25,7 @@ pub mod rope;
 
 /// The groups of [`gpu_checks`], by name (`kgen selftest --filter ops:ns,optim`).
 pub const GROUPS: &[&str] = &[
-    "linear", "gemm", "norm", "act", "rope", "loss", "ns", "optim", "capture",
+    "linear", "gemm", "norm", "act", "rope", "attn", "loss", "ns", "optim", "capture",
 ];
 
 /// Every op run once on `device` against a float64 reference (the op half of
@@ -39,12 +40,13 @@ pub fn gpu_checks_of(
     want: impl Fn(&str) -> bool,
 ) -> Vec<(String, Result<f64, String>)> {
     type Group = fn(&Device) -> Vec<(String, Result<f64, String>)>;
-    let groups: [(&str, Group); 9] = [
+    let groups: [(&str, Group); 10] = [
         ("linear", linear::gpu_checks),
         ("gemm", gemm::gpu_checks),
         ("norm", norm::gpu_checks),
         ("act", act::gpu_checks),
         ("rope", rope::gpu_checks),
+        ("attn", attention::gpu_checks),
         ("loss", loss::gpu_checks),
         ("ns", ns::gpu_checks),
         ("optim", crate::optim::checks::gpu_checks),
