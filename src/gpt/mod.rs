@@ -153,8 +153,9 @@ impl GptConfig {
     }
 
     /// The interpreter's: one layer of width 64 (one head of 64), hidden 192, context
-    /// 32, 4 sequences per step, 30 steps (about 30 s on 2 cores, most of it Muon's
-    /// Newton–Schulz products, whose tiles are padded to 128 rows); AdamW lr 1e-2.
+    /// 32, 4 sequences per step, 20 steps (about 25 s on 2 cores, most of it Muon's
+    /// Newton–Schulz products, whose tiles are padded to 128 rows, so a slower CI host
+    /// stays well under a minute); AdamW lr 1e-2.
     pub fn tiny() -> GptConfig {
         GptConfig {
             d_model: 64,
@@ -163,11 +164,11 @@ impl GptConfig {
             hidden: 192,
             seq: 32,
             batch: 4,
-            steps: 30,
+            steps: 20,
             warmup: 4,
             lr: 1e-2,
             log_every: 5,
-            eval_every: 15,
+            eval_every: 10,
             eval_batches: 2,
             samples: 2,
             prompt_len: 16,
