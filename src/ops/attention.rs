@@ -113,16 +113,38 @@ pub struct AttentionConfig {
     pub bm: usize,
     pub bn: usize,
     pub warps: u32,
+    /// Blocks that must fit on one SM (`.minnctapersm`: registers capped to fit them),
+    /// or `None`.
+    pub min_blocks: Option<u32>,
 }
 
 impl AttentionConfig {
     fn label(&self) -> String {
-        format!("BM={},BN={},w{}", self.bm, self.bn, self.warps)
+        match self.min_blocks {
+            Some(m) => format!("BM={},BN={},w{},{m}/SM", self.bm, self.bn, self.warps),
+            None => format!("BM={},BN={},w{}", self.bm, self.bn, self.warps),
+        }
     }
 }
 
 const fn cfg(bm: usize, bn: usize, warps: u32) -> AttentionConfig {
-    AttentionConfig { bm, bn, warps }
+    AttentionConfig {
+        bm,
+        bn,
+        warps,
+        min_blocks: None,
+    }
+}
+
+/// `c` with registers capped so that `m` blocks fit on an SM. At D = 64 the forward and
+/// dQ kernels take 176–210 registers (2 blocks of 128 threads per SM); capped for 3 they
+/// take 148–168 without spilling on either target (ptxas 13.0), which the tuner weighs
+/// against the latency-hiding of a third block.
+const fn per_sm(c: AttentionConfig, m: u32) -> AttentionConfig {
+    AttentionConfig {
+        min_blocks: Some(m),
+        ..c
+    }
 }
 
 /// The forward's candidates for head dimension `d`, the default first: BM = BN = 64 with
@@ -130,8 +152,12 @@ const fn cfg(bm: usize, bn: usize, warps: u32) -> AttentionConfig {
 /// was timed, so it is not offered: on an H200 (sm_90a, bf16, causal, `kgen run
 /// --bench`) 484 against 616 µs at B·H = 64, S = 4096; 20.3 against 24.0 µs at 16 x 1024;
 /// 10.7 against 15.0 µs at 8 x 512.
-pub fn fwd_candidates(_d: usize) -> Vec<AttentionConfig> {
-    vec![cfg(64, 64, 4)]
+pub fn fwd_candidates(d: usize) -> Vec<AttentionConfig> {
+    if d == 64 {
+        vec![cfg(64, 64, 4), per_sm(cfg(64, 64, 4), 3)]
+    } else {
+        vec![cfg(64, 64, 4)]
+    }
 }
 
 /// `attention_bwd_dq`'s candidates, as [`fwd_candidates`]: BM = 128 with 8 warps lost
@@ -142,7 +168,7 @@ pub fn dq_candidates(d: usize) -> Vec<AttentionConfig> {
     if d == 128 {
         vec![cfg(64, 64, 4), cfg(128, 64, 8)]
     } else {
-        vec![cfg(64, 64, 4)]
+        vec![cfg(64, 64, 4), per_sm(cfg(64, 64, 4), 3)]
     }
 }
 
@@ -516,11 +542,12 @@ impl Ops {
             || cands.iter().map(AttentionConfig::label).collect(),
             |i| {
                 let c = cands[i];
-                let kern = self.kernel(
+                let kern = self.kernel_bounded(
                     "attention",
                     "attention_fwd",
                     &g.defines(c, causal, layout),
                     Some(c.warps),
+                    c.min_blocks,
                     &args,
                 )?;
                 Ok((kern, g.grid(g.sq, c.bm, g.b * g.h)?))
@@ -667,11 +694,12 @@ impl Ops {
                 Some(kv.warps),
                 &dkdv_args,
             )?;
-            let dq_k = self.kernel(
+            let dq_k = self.kernel_bounded(
                 "attention",
                 "attention_bwd_dq",
                 &g.defines(c, causal, layout),
                 Some(c.warps),
+                c.min_blocks,
                 &dq_args,
             )?;
             Ok(vec![
