@@ -3,8 +3,10 @@
 //!
 //! Assumes: valid IR. Guarantees: [`producing_dots`] follows same-shape element-wise
 //! ops (casts, unary and binary ops, selects, FMAs) and the results of `if`s (into what
-//! each branch yields) back from a value, and lists the `dot`s it reaches; it never
-//! crosses a shape change, a reduction, a memory op or a loop-carried value.
+//! each branch yields) and loop-carried values (into their initial value and what the
+//! body yields for them: scores computed one iteration ahead) back from a value, and
+//! lists the `dot`s it reaches; it never crosses a shape change, a reduction or a
+//! memory op.
 
 use super::{Function, InstId, Op, ValueId};
 use std::collections::{HashMap, HashSet};
@@ -34,11 +36,30 @@ pub fn definitions_in(func: &Function, block: &super::Block) -> HashMap<ValueId,
 /// The `dot`s whose results reach `v` (module docs).
 pub fn producing_dots(func: &Function, defs: &HashMap<ValueId, InstId>, v: ValueId) -> Vec<InstId> {
     let shape = super::shape_of(func.value_type(v)).to_vec();
+    // Loop-carried arguments: (initial value, yielded value).
+    let mut carried: HashMap<ValueId, (ValueId, Option<ValueId>)> = HashMap::new();
+    for inst in defs.values().map(|&i| &func.insts[i]) {
+        if let Op::For { inits, body, .. } = &inst.op {
+            let yields = body.insts.last().and_then(|&y| match &func.insts[y].op {
+                Op::Yield(vs) => Some(vs.clone()),
+                _ => None,
+            });
+            for (k, (&arg, &init)) in body.args.iter().skip(1).zip(inits).enumerate() {
+                let y = yields.as_ref().and_then(|vs| vs.get(k).copied());
+                carried.insert(arg, (init, y));
+            }
+        }
+    }
     let mut out = Vec::new();
     let mut stack = vec![v];
     let mut seen = HashSet::new();
     while let Some(x) = stack.pop() {
         if !seen.insert(x) || super::shape_of(func.value_type(x)) != shape.as_slice() {
+            continue;
+        }
+        if let Some(&(init, y)) = carried.get(&x) {
+            stack.push(init);
+            stack.extend(y);
             continue;
         }
         let Some(&d) = defs.get(&x) else {

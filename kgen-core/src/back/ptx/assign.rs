@@ -402,6 +402,24 @@ impl Assigner<'_> {
     /// The layout of the first operand that is a real (non-uniform) tile, else the
     /// default for `shape`.
     fn follow(&self, operands: &[ValueId], shape: &[u32]) -> Layout {
+        // A tensor core's fragment layout (or a row of it) is fixed by the hardware;
+        // the others are free, so they convert instead: `maximum(m, rowmax(s))` with
+        // `m` carried beside scores takes the scores' rows.
+        fn from_mma(l: &Layout) -> bool {
+            match l {
+                Layout::Mma(_) => true,
+                Layout::Slice { parent, .. } => from_mma(parent),
+                _ => false,
+            }
+        }
+        let decided =
+            |o: ValueId| !self.uniform(o) && !self.undecided.contains(&o) && self.shape(o) == shape;
+        if let Some(&o) = operands
+            .iter()
+            .find(|&&o| decided(o) && from_mma(&self.out.layout(o)))
+        {
+            return self.out.layout(o);
+        }
         for &o in operands {
             if !self.uniform(o) && !self.undecided.contains(&o) && self.shape(o) == shape {
                 return self.out.layout(o);
@@ -644,24 +662,43 @@ impl Assigner<'_> {
                 _ => None,
             })
             .unwrap_or_default();
-        let mut changed = false;
-        for (k, &init) in inits.iter().enumerate() {
-            let (Some(&arg), Some(&y)) = (body.args.get(k + 1), yields.get(k)) else {
-                continue;
-            };
-            if (self.uniform(init) || undecided.contains(&arg))
-                && !self.uniform(y)
-                && self.shape(y) == self.shape(arg)
-            {
-                let yl = self.out.layout(y);
-                if yl != self.out.layout(arg) {
-                    self.set(arg, yl);
-                    changed = true;
+        // Rounds: an argument that took only a default layout from its yield (its yield
+        // was computed from other undecided arguments: a row max carried beside scores
+        // that are themselves carried, one block ahead) stays undecided for the next
+        // walk, so it takes what the now-decided values give it.
+        for _ in 0..4 {
+            let mut changed = false;
+            for (k, &init) in inits.iter().enumerate() {
+                let (Some(&arg), Some(&y)) = (body.args.get(k + 1), yields.get(k)) else {
+                    continue;
+                };
+                if (self.uniform(init) || undecided.contains(&arg))
+                    && !self.uniform(y)
+                    && self.shape(y) == self.shape(arg)
+                {
+                    let yl = self.out.layout(y);
+                    if yl != self.out.layout(arg) {
+                        self.set(arg, yl);
+                        changed = true;
+                    }
                 }
             }
-        }
-        if changed {
+            if !changed {
+                break;
+            }
+            let weak: Vec<ValueId> = undecided
+                .iter()
+                .copied()
+                .filter(|&a| {
+                    let shape = self.shape(a).to_vec();
+                    self.out.layout(a) == self.default_layout(&shape)
+                })
+                .collect();
+            self.undecided.extend(weak.iter().copied());
             self.block(body);
+            for a in &weak {
+                self.undecided.remove(a);
+            }
         }
         for (k, &r) in results.iter().enumerate() {
             if let Some(&arg) = body.args.get(k + 1) {
@@ -746,6 +783,91 @@ fn transient_values(func: &Function) -> std::collections::HashSet<ValueId> {
     out
 }
 
+/// Two kinds of tile that hold fewer registers than their layout's element count:
+/// - *index tiles*: computed from `arange`, constants and scalars only (the column
+///   indices of a mask, the mask itself), and not read inside a loop nested deeper than
+///   their definition. The lowering recomputes an `arange` in each consumer's layout
+///   and ptxas rematerializes such chains next to their use, so they count as nothing.
+/// - *packed operands*: 16-bit tiles read only as a product's left operand (`p as bf16`
+///   feeding `dot(p, v, acc)`): they live as `.b32` pairs in MMA fragments, so half.
+fn cheap_values(
+    func: &Function,
+) -> (
+    std::collections::HashSet<ValueId>,
+    std::collections::HashSet<ValueId>,
+) {
+    use std::collections::{HashMap, HashSet};
+    struct W {
+        index: HashSet<ValueId>,
+        def_depth: HashMap<ValueId, usize>,
+        deepest_use: HashMap<ValueId, usize>,
+        a_only: HashMap<ValueId, bool>,
+    }
+    fn walk(func: &Function, b: &Block, depth: usize, w: &mut W) {
+        for &i in &b.insts {
+            let inst = &func.insts[i];
+            let ops = crate::ir::operands(&inst.op);
+            for &v in &ops {
+                let e = w.deepest_use.entry(v).or_insert(depth);
+                *e = (*e).max(depth);
+                let as_a = matches!(&inst.op, Op::Dot { a, b, acc, .. } if *a == v && *b != v && *acc != v);
+                let e = w.a_only.entry(v).or_insert(true);
+                *e &= as_a;
+            }
+            let class = crate::ir::props(&inst.op).class;
+            let index = match class {
+                crate::ir::OpClass::Constant => true,
+                crate::ir::OpClass::Elementwise | crate::ir::OpClass::Shape => {
+                    ops.iter().all(|&v| {
+                        matches!(func.value_type(v), ValueType::Scalar(_)) || w.index.contains(&v)
+                    })
+                }
+                _ => false,
+            };
+            for &r in &inst.results {
+                w.def_depth.insert(r, depth);
+                if index && matches!(func.value_type(r), ValueType::Tile(..)) {
+                    w.index.insert(r);
+                }
+            }
+            match &inst.op {
+                Op::For { body, .. } => walk(func, body, depth + 1, w),
+                Op::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    walk(func, then_body, depth, w);
+                    walk(func, else_body, depth, w);
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut w = W {
+        index: HashSet::new(),
+        def_depth: HashMap::new(),
+        deepest_use: HashMap::new(),
+        a_only: HashMap::new(),
+    };
+    walk(func, &func.body, 0, &mut w);
+    let index = w
+        .index
+        .iter()
+        .copied()
+        .filter(|v| w.deepest_use.get(v).copied().unwrap_or(0) <= w.def_depth[v])
+        .collect();
+    let packed = w
+        .a_only
+        .iter()
+        .filter(|&(&v, &only)| {
+            only && matches!(func.value_type(v), ValueType::Tile(d, _) if d.size_bytes() == 2)
+        })
+        .map(|(&v, _)| v)
+        .collect();
+    (index, packed)
+}
+
 /// The register estimate of a kernel: the peak number of 32-bit registers held by
 /// simultaneously live values, an instruction at the peak, and the values live there
 /// with their registers (largest first).
@@ -797,8 +919,11 @@ pub fn estimate_registers(func: &Function, asg: &Assignment) -> RegisterEstimate
                     else_body,
                     ..
                 } => {
-                    walk(func, then_body, w, loops);
+                    // The else body first: `if c { x = f(x) }` yields the unchanged `x`
+                    // from an empty else, and `x` dies at `f` (the branches are
+                    // alternatives; in a straight line one of them must go first).
                     walk(func, else_body, w, loops);
+                    walk(func, then_body, w, loops);
                 }
                 _ => {}
             }
@@ -842,13 +967,16 @@ pub fn estimate_registers(func: &Function, asg: &Assignment) -> RegisterEstimate
     };
     walk(func, &func.body, &mut w, &mut Vec::new());
     let transient = transient_values(func);
+    let (index_tiles, packed) = cheap_values(func);
     let n = w.pos + 2;
     let mut diff = vec![0i64; n + 1];
     let mut spans = Vec::with_capacity(w.def.len());
     for (&v, &d) in &w.def {
         let l = w.last.get(&v).copied().unwrap_or(d).max(d).min(n - 1);
-        let r = if transient.contains(&v) {
+        let r = if transient.contains(&v) || index_tiles.contains(&v) {
             0
+        } else if packed.contains(&v) {
+            value_regs(func, asg, v).div_ceil(2)
         } else {
             value_regs(func, asg, v)
         };

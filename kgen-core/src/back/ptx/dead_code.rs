@@ -224,12 +224,12 @@ mod tests {
         assert_eq!(w.defs, vec![r(1), r(2), r(3), r(4)]);
         assert_eq!(w.uses, vec![r(1), r(2), r(3), r(4), r(20), r(21), p]);
         assert!(!w.opcode.family.effects().is_pure());
-        for sync in [
-            "wgmma.fence.sync.aligned",
-            "wgmma.commit_group.sync.aligned",
-            "wgmma.wait_group.sync.aligned",
+        for (sync, family) in [
+            ("wgmma.fence.sync.aligned", Family::WgmmaFence),
+            ("wgmma.commit_group.sync.aligned", Family::WgmmaCommit),
+            ("wgmma.wait_group.sync.aligned", Family::WgmmaWait),
         ] {
-            assert_eq!(Family::of(sync), Family::WgmmaSync);
+            assert_eq!(Family::of(sync), family);
             assert!(Family::of(sync).effects().syncs);
         }
         assert_eq!(Family::of("wgmma.frobnicate"), Family::Unknown);

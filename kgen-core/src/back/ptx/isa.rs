@@ -192,8 +192,13 @@ pub enum Family {
     /// asynchronously until a `wgmma.wait_group`), the descriptors and the scale
     /// predicate read; reads shared memory.
     Wgmma,
-    /// `wgmma.fence` / `wgmma.commit_group` / `wgmma.wait_group`.
-    WgmmaSync,
+    /// `wgmma.fence`: orders register accesses before the next `wgmma.mma_async`.
+    WgmmaFence,
+    /// `wgmma.commit_group`: the `wgmma.mma_async` instructions issued since the last
+    /// commit form one group.
+    WgmmaCommit,
+    /// `wgmma.wait_group N` (operand 0: N): every group but the newest N has completed.
+    WgmmaWait,
     // Memory.
     Ld(Space),
     St(Space),
@@ -326,7 +331,9 @@ impl Family {
             "mma" => Family::Mma,
             "wgmma" => match second {
                 Some("mma_async") => Family::Wgmma,
-                Some("fence" | "commit_group" | "wait_group") => Family::WgmmaSync,
+                Some("fence") => Family::WgmmaFence,
+                Some("commit_group") => Family::WgmmaCommit,
+                Some("wait_group") => Family::WgmmaWait,
                 _ => Family::Unknown,
             },
             "ld" => Family::Ld(Space::parse(second)),
@@ -385,8 +392,8 @@ impl Family {
                 syncs: true,
                 ..e
             },
-            WgmmaSync | CpAsyncCommit | CpAsyncWait | Bar | BarRed | BarrierCluster | Fence
-            | Griddepcontrol | Mbarrier | Setmaxnreg => Effects {
+            WgmmaFence | WgmmaCommit | WgmmaWait | CpAsyncCommit | CpAsyncWait | Bar | BarRed
+            | BarrierCluster | Fence | Griddepcontrol | Mbarrier | Setmaxnreg => Effects {
                 syncs: true,
                 reads_memory: true,
                 writes_memory: true,
@@ -402,7 +409,7 @@ impl Family {
         match self {
             St(_) | Red(_) | CpAsync | CpAsyncBulk | CpAsyncCommit | CpAsyncWait | Stmatrix
             | Bar | BarrierCluster | Fence | Griddepcontrol | Setmaxnreg | Bra | Ret | Trap
-            | WgmmaSync => Roles::AllUses,
+            | WgmmaFence | WgmmaCommit | WgmmaWait => Roles::AllUses,
             Wgmma => Roles::DefUseFirst,
             // An unknown instruction is assumed to read everything it names; what it
             // defines is unknown, so it defines nothing a pass could miss (it is never

@@ -1,7 +1,7 @@
 //! The PTX back end: layout assignment, lowering to PTX instructions, and one printer.
 //!
 //! ```text
-//!   ir::Function ──assign──▶ layouts ──limits──▶ lower ──dead_code──▶ isa::Module ──writer──▶ text
+//!   ir::Function ──assign──▶ layouts ──limits──▶ lower ──wgmma_waits──▶ dead_code ──▶ isa::Module ──writer──▶ text
 //! ```
 //!
 //! Assumes: validated IR (`valid::validate` gave the `ModuleInfo`). Guarantees: a
@@ -25,6 +25,7 @@ pub mod smem;
 pub mod swizzle;
 pub mod sync;
 pub mod tma;
+pub mod wgmma_waits;
 pub mod writer;
 
 #[cfg(test)]
@@ -209,6 +210,7 @@ pub fn write(
     });
     let entry = func.name.clone();
     let mut body = lowered.body;
+    wgmma_waits::place_waits(&mut body);
     dead_code::remove_dead_instructions(&mut body);
     // Every opcode lowering emits has a row in the ISA table (its effects and operand
     // roles); one without is a compiler bug, reported rather than printed.

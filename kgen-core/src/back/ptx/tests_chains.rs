@@ -149,3 +149,41 @@ kernel mm(a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: ten
     let (f, spec) = compile_to_ir(&file, &opts(Arch::Sm80, Some(8))).expect("compiles");
     assert!(super::dot_chains::row_dots(&f, spec.num_warps).is_empty());
 }
+
+/// Scores computed one block ahead (`tests/user_kernels/attention_ahead.kg`): the
+/// carried scores still feed P·V's left operand (chains follow loop-carried values) and
+/// the row statistics carried beside them take the scores' rows, so the loop converts
+/// nothing; on sm_90a the next block's `Q·Kᵀ` group stays in flight through the softmax
+/// and P·V's issue, and is waited for (`wait_group 1`, P·V still running) only where
+/// the loop carries its result.
+#[test]
+fn scores_one_block_ahead_stay_in_flight_through_the_softmax() {
+    let src = include_str!("../../../../tests/user_kernels/attention_ahead.kg");
+    let file = SourceFile::new("attention_ahead.kg", src);
+    for arch in [Arch::Sm90a, Arch::Sm80] {
+        let p = compile(&file, &opts(arch, None))
+            .unwrap_or_else(|d| panic!("{}", d.render(&file)))
+            .ptx;
+        let body = loop_body(&p);
+        assert!(!body.contains("layout conversion"), "{body}");
+        if arch == Arch::Sm90a {
+            let commits: Vec<usize> = body
+                .match_indices("wgmma.commit_group")
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(commits.len(), 2, "{body}");
+            // Between the scores' commit and P·V's: the softmax, and no wait.
+            let between = &body[commits[0]..commits[1]];
+            assert!(!between.contains("wgmma.wait_group"), "{between}");
+            assert!(between.contains("ex2.approx"), "{between}");
+            let after = &body[commits[1]..];
+            assert!(
+                after.contains("wgmma.wait_group.sync.aligned 1;"),
+                "{after}"
+            );
+            assemble(&p, "sm_90a", "chains_attn_ahead_sm90a");
+        } else {
+            assemble(&p, "sm_80", "chains_attn_ahead_sm80");
+        }
+    }
+}

@@ -11,8 +11,10 @@
 //! `cp.async` and `st.shared` write through the generic proxy, wgmma reads through the
 //! async one).
 //! Guarantees: the result is `acc + a @ b` with f32 accumulation, in the accumulator
-//! layout, and every shared-memory read of the product has completed when the lowering
-//! returns (`wgmma.wait_group 0`), so the slot may be refilled after the next barrier.
+//! layout. The product stays in flight after the lowering returns: `wgmma_waits` places
+//! its `wgmma.wait_group` before the first instruction that reads its result or writes
+//! its operands' registers, and before the next barrier (so the slot may be refilled
+//! after it).
 //! Per k-step of 16 each warpgroup issues one `m64nN` instruction whose descriptors
 //! address its 64 rows of A and all of B (`descriptor`); the accumulator registers are
 //! updated in place (copied first when the accumulator value has other uses). The
@@ -356,11 +358,12 @@ impl Lowerer<'_> {
         // The next stages' copies go out while the tensor cores work.
         self.drain_copies();
         // With a lag, this waits for the previous iteration's group (its slot is the one
-        // the next iteration refills, after its barrier); the enclosing loop waits for
-        // the last group at its exit (`lower_for`).
-        let pending = if keep_one { 1 } else { 0 };
-        self.emit("wgmma.wait_group.sync.aligned", vec![Operand::Imm(pending)]);
+        // the next iteration refills, after its barrier) and releases this one to the
+        // enclosing loop, which waits for the last group at its exit (`lower_for`).
+        // Otherwise the group runs until its result is first needed: `wgmma_waits`
+        // places its wait.
         if keep_one {
+            self.emit("wgmma.wait_group.sync.aligned", vec![Operand::Imm(1)]);
             self.wgmma_in_flight = true;
         }
         // Warp specialization: the producer may refill what is read completely.
