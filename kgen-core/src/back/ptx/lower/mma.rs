@@ -291,8 +291,33 @@ impl Lowerer<'_> {
             return Ok(Source::Staged(view));
         }
         let lin = MmaLayout { operand, ..layout }.linear(&self.shape(v));
-        let regs = self.operand_in(v, &lin, span)?;
+        // `x as bf16` of an f32 tile (attention's `p as T`): the fragments pack x's f32
+        // registers with `cvt.rn.bf16x2.f32` directly, which rounds each element once as
+        // the cast does, instead of rounding, widening and packing again (the cast is
+        // then dead unless something else reads it).
+        let src = self.narrowed_f32(v).unwrap_or(v);
+        let regs = self.operand_in(src, &lin, span)?;
         Ok(Source::Regs(regs, lin))
+    }
+
+    /// The f32 tile `v` is a 16-bit cast of (same shape), if it is one.
+    fn narrowed_f32(&self, v: ValueId) -> Option<ValueId> {
+        if !matches!(self.dtype(v), DType::F16 | DType::BF16) {
+            return None;
+        }
+        let func = self.func;
+        let inst = crate::ir::program_order(func)
+            .into_iter()
+            .map(|i| &func.insts[i])
+            .find(|inst| inst.results.first() == Some(&v))?;
+        match &inst.op {
+            crate::ir::Op::Cast(x)
+                if self.dtype(*x) == DType::F32 && self.shape(*x) == self.shape(v) =>
+            {
+                Some(*x)
+            }
+            _ => None,
+        }
     }
 
     /// The four packed registers of A for m-tile `mi` at k-step `s` (for a staged,

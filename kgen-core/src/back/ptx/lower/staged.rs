@@ -410,6 +410,12 @@ impl Lowerer<'_> {
         let same_col = threads.is_multiple_of(per_row.max(1)) && rows_per_pass.is_multiple_of(8);
         let span_bytes = tile.atom_cols() * es;
         let mut first_soff: Option<Reg> = None;
+        // Whole chunks in the same column for all of a thread's copies: per fetch, the
+        // rows left (the tensor's past the origin, at most the tile's real rows; ≤ 0 when
+        // the origin is past the end) and whether the thread's column is outside (a
+        // negative origin leaves no columns, `left` = 0); per chunk, one compare then
+        // says "zeros" (the other predicates become dead code).
+        let mut fast: Option<(Reg, Reg)> = None;
         for k in 0..chunks.div_ceil(threads) {
             // Chunk q = tid + k * threads: row q / per_row, column chunk q % per_row; its
             // row, column, swizzled slot offset and offset in the tensor from the tile's
@@ -498,13 +504,44 @@ impl Lowerer<'_> {
             };
             if whole_chunks {
                 // In bounds (row and chunk) or zeros, without reading.
-                let inside = self.op1(
-                    RegClass::Pred,
-                    "setp.lt.s32",
-                    vec![col_units.into(), left.into()],
-                );
-                let inside = self.op1(RegClass::Pred, "and.pred", vec![inside.into(), ok.into()]);
-                let zeros = self.op1(RegClass::Pred, "not.pred", vec![inside.into()]);
+                let zeros = if same_col {
+                    let (rows_lim, col_out) = match fast {
+                        Some(f) => f,
+                        None => {
+                            let rl = self.op1(
+                                RegClass::B32,
+                                "sub.s32",
+                                vec![t.dims[nl].op(), origin[0].into()],
+                            );
+                            let rl = self.op1(
+                                RegClass::B32,
+                                "min.s32",
+                                vec![rl.into(), Operand::Imm(real[0] as i64)],
+                            );
+                            let co = self.op1(
+                                RegClass::Pred,
+                                "setp.ge.s32",
+                                vec![col_units.into(), left.into()],
+                            );
+                            fast = Some((rl, co));
+                            (rl, co)
+                        }
+                    };
+                    self.op1(
+                        RegClass::Pred,
+                        "setp.ge.or.s32",
+                        vec![row.into(), rows_lim.into(), col_out.into()],
+                    )
+                } else {
+                    let inside = self.op1(
+                        RegClass::Pred,
+                        "setp.lt.s32",
+                        vec![col_units.into(), left.into()],
+                    );
+                    let inside =
+                        self.op1(RegClass::Pred, "and.pred", vec![inside.into(), ok.into()]);
+                    self.op1(RegClass::Pred, "not.pred", vec![inside.into()])
+                };
                 let level = if vec_bytes == 16 { "cg" } else { "ca" };
                 let mut operands = vec![
                     Operand::Mem(Addr::Reg(saddr), simm),
