@@ -50,10 +50,19 @@ fn ptx(arch: Arch, warps: Option<u32>) -> String {
         .ptx
 }
 
-/// The PTX of the loop: from its header's label to its exit's.
+/// The PTX of the main loop: the longest span from a label to a branch back to it (the
+/// mbarrier waits of TMA fetches are short loops of their own).
 fn loop_body(ptx: &str) -> &str {
-    let start = ptx.find("$L1:").expect("a loop");
-    let end = start + ptx[start..].find("$L2:").expect("a loop exit");
+    let mut best: Option<(usize, usize)> = None;
+    for (at, _) in ptx.match_indices("bra.uni $L") {
+        let label: String = ptx[at + 8..].chars().take_while(|c| *c != ';').collect();
+        if let Some(start) = ptx[..at].find(&format!("{label}:")) {
+            if best.is_none_or(|(s, e)| at - start > e - s) {
+                best = Some((start, at));
+            }
+        }
+    }
+    let (start, end) = best.expect("a loop");
     &ptx[start..end]
 }
 

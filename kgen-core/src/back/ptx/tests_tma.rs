@@ -299,3 +299,54 @@ kernel pmm_if<BM: int = 128, BN: int = 128, BK: int = 64>(
         assert!(log.contains("0 bytes spill stores"), "{log}");
     }
 }
+
+/// Tiles of rank-3 views (attention's `load(k, [bh, j, 0], [1, BN, D]).reshape([BN, D])`,
+/// which the pipeline stages into 2-D slots) are TMA copies too: one rank-3 map per
+/// tensor, a box of 1 along the leading dimension, and `.3d` copies whose coordinates are
+/// the column, the row and the leading index, innermost first.
+#[test]
+fn rank_3_views_fetch_by_tma_with_rank_3_maps() {
+    let src = r#"
+kernel k3<D: int = 128, BN: int = 64>(
+    q: tensor<bf16, 3, contiguous>, k: tensor<bf16, 3, contiguous>, o: tensor<f32, 3, contiguous>,
+) {
+    let h = bid(1);
+    let qt = load(q, [h, bid(0), 0], [1, 64, D]).reshape([64, D]);
+    let mut acc = zeros([64, BN], f32);
+    for j in 0..cdiv(shape(k, 1), BN) {
+        let kt = load(k, [h, j, 0], [1, BN, D]).reshape([BN, D]);
+        acc = acc + dot(qt, transpose(kt), zeros([64, BN], f32));
+    }
+    store(o, [h, bid(0), 0], reshape(acc, [1, 64, BN]));
+}
+"#;
+    let file = SourceFile::new("k3.kg", src);
+    let mut o = CompileOptions::new(Arch::Sm90a);
+    o.num_warps = Some(4);
+    let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    let maps: Vec<_> = k
+        .abi
+        .params
+        .iter()
+        .filter_map(|p| match &p.slot {
+            crate::abi::AbiSlot::TensorMap { param, map } => Some((*param, *map)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(maps.len(), 2, "{maps:?}");
+    for (_, m) in &maps {
+        assert_eq!((m.rank, m.box_dims, m.swizzle), (3, [64, 64], 3), "{m:?}");
+    }
+    let ptx = &k.ptx;
+    assert!(
+        ptx.contains("cp.async.bulk.tensor.3d.shared::cluster.global"),
+        "{ptx}"
+    );
+    assert!(!ptx.contains("cp.async.bulk.tensor.2d"), "{ptx}");
+    assert!(!ptx.contains("cp.async.cg"), "{ptx}");
+    assemble(ptx, "sm_90a", "tma_rank3");
+    // With `no_tma`, the same kernel copies with cp.async.
+    o.no_tma = true;
+    let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    assert!(k.ptx.contains("cp.async.cg"), "{}", k.ptx);
+}
