@@ -295,7 +295,14 @@ impl Lowerer<'_> {
         // registers with `cvt.rn.bf16x2.f32` directly, which rounds each element once as
         // the cast does, instead of rounding, widening and packing again (the cast is
         // then dead unless something else reads it).
-        let src = self.narrowed_f32(v).unwrap_or(v);
+        // On wgmma targets (sm_90a, where it was measured): on sm_80 the dK/dV kernel at
+        // D = 128 sits at 255 registers, and this tipped some of its specializations into
+        // a 4-byte spill.
+        let src = if self.target.caps.wgmma {
+            self.narrowed_f32(v).unwrap_or(v)
+        } else {
+            v
+        };
         let regs = self.operand_in(src, &lin, span)?;
         Ok(Source::Regs(regs, lin))
     }

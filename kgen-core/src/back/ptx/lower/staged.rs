@@ -415,7 +415,10 @@ impl Lowerer<'_> {
         // the origin is past the end) and whether the thread's column is outside (a
         // negative origin leaves no columns, `left` = 0); per chunk, one compare then
         // says "zeros" (the other predicates become dead code).
+        // On wgmma targets only (measured on sm_90a; on sm_80 the dK/dV kernel at D = 128
+        // sits at 255 registers and some specializations spilled 4 bytes with it).
         let mut fast: Option<(Reg, Reg)> = None;
+        let one_compare = same_col && self.target.caps.wgmma;
         for k in 0..chunks.div_ceil(threads) {
             // Chunk q = tid + k * threads: row q / per_row, column chunk q % per_row; its
             // row, column, swizzled slot offset and offset in the tensor from the tile's
@@ -504,7 +507,7 @@ impl Lowerer<'_> {
             };
             if whole_chunks {
                 // In bounds (row and chunk) or zeros, without reading.
-                let zeros = if same_col {
+                let zeros = if one_compare {
                     let (rows_lim, col_out) = match fast {
                         Some(f) => f,
                         None => {

@@ -253,15 +253,8 @@ impl Lowerer<'_> {
         }
         let (slot_addr, tile, range) = self.shared_slot(buf, slot, span)?;
         let real = func.scratch[buf as usize].slot_shape.clone();
-        let rank = self.tma.maps.get(m).map_or(0, |pm| pm.spec.rank as usize);
-        if index.len() != rank || real.len() != 2 || !(2..=5).contains(&rank) {
+        if index.len() != 2 || real.len() != 2 {
             return Err(super::unsupported(span, "a TMA fetch of a 2-D tile"));
-        }
-        // Leading dimensions (box extent 1): the index is the coordinate.
-        let nl = rank - 2;
-        let mut lead = Vec::with_capacity(nl);
-        for &ix in &index[..nl] {
-            lead.push(self.scalar(ix, span)?);
         }
         // Write after read: no thread may still read the slot (or any other: the tracker
         // sees the whole ring). With warp specialization the slot's `empty` mbarrier
@@ -271,7 +264,7 @@ impl Lowerer<'_> {
         }
         let mut origin = Vec::with_capacity(2);
         for d in 0..2 {
-            let idx = self.scalar(index[nl + d], span)?;
+            let idx = self.scalar(index[d], span)?;
             origin.push(self.op1(
                 RegClass::B32,
                 "mul.lo.s32",
@@ -330,18 +323,13 @@ impl Lowerer<'_> {
                 Operand::Imm(tile.bytes() as i64),
             ],
         );
-        // Coordinates innermost first: the column, the row, then the leading indices.
-        let outer: Vec<Reg> = lead.into_iter().rev().collect();
-        self.tma_boxes(
-            &tile, slot_addr, map, origin[1], origin[0], &outer, mbar, leader,
-        );
+        self.tma_boxes(&tile, slot_addr, map, origin[1], origin[0], mbar, leader);
         self.count_fetch();
         Ok(())
     }
 
-    /// One `cp.async.bulk.tensor.{2+outer}d` per swizzle atom of the slot: atom `a` holds
-    /// columns `a * atom_cols ..` of every row, at `a * atom_bytes`; `outer` are the
-    /// coordinates of the dimensions outside the row (box extent 1), innermost first.
+    /// One `cp.async.bulk.tensor.2d` per swizzle atom of the slot: atom `a` holds columns
+    /// `a * atom_cols ..` of every row, at `a * atom_bytes`.
     #[allow(clippy::too_many_arguments)]
     fn tma_boxes(
         &mut self,
@@ -350,11 +338,9 @@ impl Lowerer<'_> {
         map: Reg,
         col: Reg,
         row: Reg,
-        outer: &[Reg],
         mbar: Reg,
         leader: Reg,
     ) {
-        let dims = 2 + outer.len();
         let atoms = tile.cols / tile.atom_cols();
         for a in 0..atoms {
             let c = if a == 0 {
@@ -366,16 +352,12 @@ impl Lowerer<'_> {
                     vec![col.into(), Operand::Imm((a * tile.atom_cols()) as i64)],
                 )
             };
-            let mut coords = vec![c, row];
-            coords.extend_from_slice(outer);
             self.emit_if(
                 Some((leader, false)),
-                format!(
-                    "cp.async.bulk.tensor.{dims}d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                ),
+                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
                 vec![
                     Operand::Mem(Addr::Reg(slot_addr), (a * tile.atom_bytes()) as i64),
-                    Operand::TensorCoords(map, coords),
+                    Operand::TensorCoords(map, vec![c, row]),
                     Operand::Mem(Addr::Reg(mbar), 0),
                 ],
             );
