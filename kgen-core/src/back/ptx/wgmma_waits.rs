@@ -198,6 +198,11 @@ pub fn place_waits(body: &mut Vec<Stmt>) {
                 continue;
             }
             Family::Wgmma => {
+                // The group's registers: its fence gathered them already; a wgmma without
+                // a fence (no lowering emits one) is tracked all the same.
+                let (acc, reads) = building.get_or_insert_with(Default::default);
+                acc.extend(i.defs.iter().copied());
+                reads.extend(i.uses.iter().copied().filter(|r| !i.defs.contains(r)));
                 out.push(s);
                 continue;
             }
@@ -439,6 +444,22 @@ mod tests {
                 "fence", "mma", "commit", "wait 1", "bar.sync", "fence", "mma", "commit", "wait 1",
                 "ret"
             ]
+        );
+    }
+
+    /// A group whose wgmma has no fence before it is still waited for at its first read.
+    #[test]
+    fn a_group_without_a_fence_is_tracked_too() {
+        let mut body: Vec<Stmt> = product([1, 2, 3, 4], [10, 11, 12, 13])
+            .into_iter()
+            .skip(1)
+            .collect();
+        body.push(inst("ex2.approx.f32", vec![r(30).into(), r(2).into()]));
+        body.push(inst("ret", vec![]));
+        place_waits(&mut body);
+        assert_eq!(
+            text(&body),
+            ["mma", "commit", "wait 0", "ex2.approx", "ret"]
         );
     }
 }
