@@ -41,6 +41,9 @@ pub(crate) struct DeviceInner {
     /// are pruned at the next capture): [`Device::synchronize`] must not run while one
     /// of them captures.
     pub(crate) captures: Mutex<Vec<std::sync::Weak<crate::graph::CaptureState>>>,
+    /// The target kernels are compiled for, when it is not the GPU's own
+    /// ([`Device::cuda_as`]: sm_80 PTX on an sm_90 GPU).
+    pub(crate) arch_override: Option<Arch>,
 }
 
 /// A CUDA GPU or the interpreter.
@@ -73,6 +76,7 @@ impl Device {
                 fallback_reason,
                 uploads: Mutex::new(None),
                 captures: Mutex::new(Vec::new()),
+                arch_override: None,
             }),
         }
     }
@@ -104,9 +108,52 @@ impl Device {
         ))
     }
 
+    /// [`Device::cuda`] compiling every kernel for `arch` instead of the GPU's own target:
+    /// an H100 runs sm_80 PTX too, so `Device::cuda_as(0, Arch::Sm80)` runs the Ampere
+    /// code path (`mma.sync`, `cp.async`) on it, for tests and benchmarks of that path.
+    /// A target the GPU cannot run (sm_90a on an sm_80-class GPU) is
+    /// [`RuntimeError::NoDevice`].
+    pub fn cuda_as(ordinal: usize, arch: Arch) -> Result<Device, RuntimeError> {
+        let d = Device::cuda(ordinal)?;
+        let own = d.arch();
+        if own == arch {
+            return Ok(d);
+        }
+        if arch == Arch::Sm90a {
+            return Err(RuntimeError::NoDevice(format!(
+                "{}: sm_90a code needs a compute capability 9.0 GPU (this one targets {own})",
+                d.describe()
+            )));
+        }
+        let inner = Arc::try_unwrap(d.inner)
+            .map_err(|_| RuntimeError::NoDevice("a new device handle is shared".to_string()))?;
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                arch_override: Some(arch),
+                ..inner
+            }),
+        })
+    }
+
     /// The CPU interpreter: the same API and results, slowly.
     pub fn interpreter() -> Device {
         Device::from_backend(Backend::Interpreter, None)
+    }
+
+    /// The interpreter, choosing kernels' specializations as for `arch` (the IR it runs
+    /// is target-independent; what the target changes is which specializations compile,
+    /// e.g. how many pipeline stages fit its shared memory).
+    pub fn interpreter_as(arch: Arch) -> Device {
+        let d = Device::interpreter();
+        match Arc::try_unwrap(d.inner) {
+            Ok(inner) => Device {
+                inner: Arc::new(DeviceInner {
+                    arch_override: Some(arch),
+                    ..inner
+                }),
+            },
+            Err(inner) => Device { inner },
+        }
     }
 
     /// GPU 0 when there is a usable one, otherwise the interpreter. The second value is
@@ -139,17 +186,24 @@ impl Device {
     /// The compile target: the GPU's, or sm_90a for the interpreter (whose input is the
     /// target-independent IR; the arch only selects the specialization).
     pub fn arch(&self) -> Arch {
-        self.gpu().and_then(|g| g.arch()).unwrap_or(Arch::Sm90a)
+        self.inner
+            .arch_override
+            .or_else(|| self.gpu().and_then(|g| g.arch()))
+            .unwrap_or(Arch::Sm90a)
     }
 
     /// One line: the GPU and its target, or the interpreter and why.
     pub fn describe(&self) -> String {
-        match &self.inner.backend {
+        let d = match &self.inner.backend {
             Backend::Cuda(g) => g.info().to_string(),
             Backend::Interpreter => match &self.inner.fallback_reason {
                 Some(why) => format!("kgen interpreter ({why})"),
                 None => "kgen interpreter".to_string(),
             },
+        };
+        match self.inner.arch_override {
+            Some(a) => format!("{d}, compiling for {a} instead"),
+            None => d,
         }
     }
 

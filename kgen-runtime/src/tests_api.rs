@@ -453,3 +453,41 @@ fn graph_capture_on_the_interpreter_is_a_typed_error() {
     // The stream still works.
     s.synchronize().unwrap();
 }
+
+/// A device compiling for another target than its own: kernels are built for it (the
+/// specialization's arch), the description says so, and the plain handle is unchanged.
+#[test]
+fn a_device_can_compile_for_another_target() {
+    use kgen_core::Arch;
+    let plain = Device::interpreter();
+    assert_eq!(plain.arch(), Arch::Sm90a);
+    assert!(
+        !plain.describe().contains("compiling for"),
+        "{}",
+        plain.describe()
+    );
+    let d = Device::interpreter_as(Arch::Sm80);
+    assert_eq!(d.arch(), Arch::Sm80);
+    assert!(
+        d.describe().contains("compiling for sm_80"),
+        "{}",
+        d.describe()
+    );
+    let k = d
+        .kernel(
+            &file(),
+            &CompileOptions::new(Arch::Sm90a)
+                .kernel("axpy")
+                .define("T", "f32"),
+        )
+        .unwrap();
+    assert_eq!(
+        k.compiled().arch,
+        Arch::Sm80,
+        "the device's target replaces the option's"
+    );
+    // Without a GPU, `cuda_as` is the same error as `cuda`.
+    if Device::cuda(0).is_err() {
+        assert!(Device::cuda_as(0, Arch::Sm80).is_err());
+    }
+}

@@ -5,11 +5,13 @@
 //! db: a lower bound of the work) and, from `--peers`, torch's `F.linear` with
 //! autograd, and a probe of the `mma.sync` ceiling of the GPU.
 //!
-//! The probe is a register-only loop: each warp issues `CHAINS` independent
-//! `mma.sync.m16n8k16` bf16 → f32 per iteration on operands in registers, no memory
-//! traffic but one store of each thread's sum at the end (so nothing is dead). Blocks are
-//! swept over (1, 2, 4) × SMs and warps over (4, 8, 16); the best rate is the ceiling the
-//! sm_80 code path (`mma.sync`) can reach on this GPU.
+//! The probe is a register-only loop: each warp issues [`CHAINS`] (8) or [`GEMM_CHAINS`]
+//! (32, a GEMM warp tile's 4 x 8 instructions per k-step, with its 128 accumulator
+//! registers) independent `mma.sync.m16n8k16` bf16 → f32 per iteration on operands in
+//! registers, no memory traffic but one store of each thread's sum at the end (so nothing
+//! is dead). Blocks are swept over (1, 2, 4) × SMs and warps over (4, 8, 16); the best
+//! rate is the ceiling the sm_80 code path (`mma.sync`) can reach on this GPU, and the
+//! whole sweep is reported (how the rate depends on the warps an SM holds).
 
 use super::measure::{fill, Fill, Timer};
 use crate::ops::gemm::Activation;
@@ -441,15 +443,18 @@ pub fn format_linear_table(rows: &[LinearRow]) -> String {
 }
 
 /// Independent accumulator chains per warp in the ceiling probe.
-const CHAINS: usize = 8;
+pub const CHAINS: usize = 8;
+/// The chains of a GEMM warp's 64 x 64 tile (4 x 8 instructions per k-step).
+pub const GEMM_CHAINS: usize = 32;
 
-/// The PTX of the `mma.sync` ceiling probe (see the module docs).
-pub fn mma_probe_ptx() -> String {
+/// The PTX of the `mma.sync` ceiling probe with `chains` accumulator chains per warp
+/// (see the module docs).
+pub fn mma_probe_ptx(chains: usize) -> String {
     let mut s = String::new();
     s.push_str(".version 8.0\n.target sm_80\n.address_size 64\n\n");
     s.push_str(".visible .entry mma_probe(.param .u64 out, .param .u32 iters)\n{\n");
     s.push_str("\t.reg .pred %p;\n\t.reg .b32 %a<4>;\n\t.reg .b32 %b<2>;\n");
-    s.push_str(&format!("\t.reg .f32 %c<{}>;\n", 4 * CHAINS));
+    s.push_str(&format!("\t.reg .f32 %c<{}>;\n", 4 * chains));
     s.push_str("\t.reg .b32 %t, %i, %n, %g;\n\t.reg .f32 %s;\n\t.reg .b64 %o, %off;\n");
     // Operands from the thread id: nonzero bf16 pairs (no early-out on zeros).
     s.push_str("\tmov.u32 %t, %tid.x;\n");
@@ -462,11 +467,11 @@ pub fn mma_probe_ptx() -> String {
             0x3F00_3F00u32 + k as u32
         ));
     }
-    for c in 0..4 * CHAINS {
+    for c in 0..4 * chains {
         s.push_str(&format!("\tmov.f32 %c{c}, 0f00000000;\n"));
     }
     s.push_str("\tld.param.u32 %n, [iters];\n\tmov.u32 %i, 0;\n$LOOP:\n");
-    for ch in 0..CHAINS {
+    for ch in 0..chains {
         let c: Vec<String> = (0..4).map(|j| format!("%c{}", 4 * ch + j)).collect();
         let cs = c.join(", ");
         s.push_str(&format!(
@@ -475,7 +480,7 @@ pub fn mma_probe_ptx() -> String {
     }
     s.push_str("\tadd.u32 %i, %i, 1;\n\tsetp.lt.u32 %p, %i, %n;\n\t@%p bra $LOOP;\n");
     s.push_str("\tmov.f32 %s, 0f00000000;\n");
-    for c in 0..4 * CHAINS {
+    for c in 0..4 * chains {
         s.push_str(&format!("\tadd.f32 %s, %s, %c{c};\n"));
     }
     s.push_str("\tmov.u32 %g, %ctaid.x;\n\tmov.u32 %n, %ntid.x;\n\tmad.lo.u32 %g, %g, %n, %t;\n");
@@ -485,8 +490,18 @@ pub fn mma_probe_ptx() -> String {
     s
 }
 
-/// The ceiling probe's best rate: (TFLOP/s, "blocks x warps").
-pub fn mma_ceiling(device: &Device) -> Result<(f64, String), OpError> {
+/// One point of the ceiling probe's sweep.
+#[derive(Clone, Debug)]
+pub struct ProbePoint {
+    pub chains: usize,
+    pub blocks_per_sm: u32,
+    pub warps: u32,
+    pub tflops: f64,
+}
+
+/// The ceiling probe: the best rate, (TFLOP/s, "blocks x warps x chains"), and every
+/// point of the sweep.
+pub fn mma_ceiling(device: &Device) -> Result<((f64, String), Vec<ProbePoint>), OpError> {
     let gpu = device
         .gpu()
         .ok_or_else(|| cublas_err("the mma.sync probe needs a GPU"))?;
@@ -495,64 +510,101 @@ pub fn mma_ceiling(device: &Device) -> Result<(f64, String), OpError> {
     };
     let ctx = gpu.context();
     let stream = gpu.cuda_stream().clone();
-    let module = ctx
-        .load_module(cudarc::nvrtc::Ptx::from_src(mma_probe_ptx()))
-        .map_err(|e| drv("cuModuleLoadData", e))?;
-    let f = module
-        .load_function("mma_probe")
-        .map_err(|e| drv("cuModuleGetFunction", e))?;
     let sms = gpu.info().sm_count;
     let iters: u32 = 4096;
     let mut best = (0.0f64, String::new());
-    for blocks_per_sm in [1u32, 2, 4] {
-        for warps in [4u32, 8, 16] {
-            let blocks = sms * blocks_per_sm;
-            let threads = warps * 32;
-            let out = stream
-                .alloc_zeros::<f32>((blocks * threads) as usize)
-                .map_err(|e| drv("cuMemAlloc", e))?;
-            let cfg = cudarc::driver::LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut times = Vec::new();
-            for rep in 0..6 {
-                let e0 = ctx
-                    .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(|e| drv("cuEventCreate", e))?;
-                let e1 = ctx
-                    .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(|e| drv("cuEventCreate", e))?;
-                e0.record(&stream).map_err(|e| drv("cuEventRecord", e))?;
-                let mut b = stream.launch_builder(&f);
-                b.arg(&out);
-                b.arg(&iters);
-                // SAFETY: the probe's two parameters are a device pointer to
-                // blocks*threads f32 and a u32, as pushed.
-                unsafe { b.launch(cfg) }.map_err(|e| drv("cuLaunchKernel", e))?;
-                e1.record(&stream).map_err(|e| drv("cuEventRecord", e))?;
-                stream
-                    .synchronize()
-                    .map_err(|e| drv("cuStreamSynchronize", e))?;
-                if rep > 0 {
-                    times.push(
-                        e0.elapsed_ms(&e1)
-                            .map_err(|e| drv("cuEventElapsedTime", e))?
-                            as f64,
+    let mut points = Vec::new();
+    for chains in [CHAINS, GEMM_CHAINS] {
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(mma_probe_ptx(chains)))
+            .map_err(|e| drv("cuModuleLoadData", e))?;
+        let f = module
+            .load_function("mma_probe")
+            .map_err(|e| drv("cuModuleGetFunction", e))?;
+        let iters = if chains == GEMM_CHAINS {
+            iters / 4
+        } else {
+            iters
+        };
+        for blocks_per_sm in [1u32, 2, 4] {
+            for warps in [4u32, 8, 16] {
+                if chains == GEMM_CHAINS && warps == 16 {
+                    continue; // 512 threads of ~150 registers do not fit an SM
+                }
+                let blocks = sms * blocks_per_sm;
+                let threads = warps * 32;
+                let out = stream
+                    .alloc_zeros::<f32>((blocks * threads) as usize)
+                    .map_err(|e| drv("cuMemAlloc", e))?;
+                let cfg = cudarc::driver::LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut times = Vec::new();
+                for rep in 0..6 {
+                    let e0 = ctx
+                        .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                        .map_err(|e| drv("cuEventCreate", e))?;
+                    let e1 = ctx
+                        .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                        .map_err(|e| drv("cuEventCreate", e))?;
+                    e0.record(&stream).map_err(|e| drv("cuEventRecord", e))?;
+                    let mut b = stream.launch_builder(&f);
+                    b.arg(&out);
+                    b.arg(&iters);
+                    // SAFETY: the probe's two parameters are a device pointer to
+                    // blocks*threads f32 and a u32, as pushed.
+                    unsafe { b.launch(cfg) }.map_err(|e| drv("cuLaunchKernel", e))?;
+                    e1.record(&stream).map_err(|e| drv("cuEventRecord", e))?;
+                    stream
+                        .synchronize()
+                        .map_err(|e| drv("cuStreamSynchronize", e))?;
+                    if rep > 0 {
+                        times.push(
+                            e0.elapsed_ms(&e1)
+                                .map_err(|e| drv("cuEventElapsedTime", e))?
+                                as f64,
+                        );
+                    }
+                }
+                times.sort_by(|a, b| a.total_cmp(b));
+                let ms = times[times.len() / 2];
+                let flops = blocks as f64 * warps as f64 * iters as f64 * chains as f64 * 4096.0;
+                let tf = flops / (ms * 1e-3) / 1e12;
+                points.push(ProbePoint {
+                    chains,
+                    blocks_per_sm,
+                    warps,
+                    tflops: tf,
+                });
+                if tf > best.0 {
+                    best = (
+                        tf,
+                        format!("{blocks} blocks x {warps} warps x {chains} chains"),
                     );
                 }
             }
-            times.sort_by(|a, b| a.total_cmp(b));
-            let ms = times[times.len() / 2];
-            let flops = blocks as f64 * warps as f64 * iters as f64 * CHAINS as f64 * 4096.0;
-            let tf = flops / (ms * 1e-3) / 1e12;
-            if tf > best.0 {
-                best = (tf, format!("{blocks} blocks x {warps} warps"));
-            }
         }
     }
-    Ok(best)
+    Ok((best, points))
+}
+
+/// The probe's sweep as one line per chain count: TFLOP/s by warps per SM.
+pub fn format_probe_sweep(points: &[ProbePoint]) -> String {
+    let mut s = String::new();
+    for chains in [CHAINS, GEMM_CHAINS] {
+        let cells: Vec<String> = points
+            .iter()
+            .filter(|p| p.chains == chains)
+            .map(|p| format!("{}x{}w {:.0}", p.blocks_per_sm, p.warps, p.tflops))
+            .collect();
+        s.push_str(&format!(
+            "#   {chains} chains/warp, blocks per SM x warps: {}\n",
+            cells.join(", ")
+        ));
+    }
+    s
 }
 
 /// The GEMM table: kgen, cuBLAS, their ratio, and kgen against the ceiling.
@@ -608,20 +660,22 @@ mod tests {
 
     #[test]
     fn the_probe_assembles_and_has_its_chains() {
-        let ptx = mma_probe_ptx();
-        assert_eq!(ptx.matches("mma.sync").count(), CHAINS);
-        if let Some(ptxas) = std::env::var_os("KGEN_PTXAS") {
-            let dir = std::env::temp_dir().join(format!("kgen-probe-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let f = dir.join("probe.ptx");
-            std::fs::write(&f, &ptx).unwrap();
-            let o = std::process::Command::new(ptxas)
-                .args(["-arch=sm_80", "-o", "/dev/null"])
-                .arg(&f)
-                .output()
-                .unwrap();
-            let _ = std::fs::remove_dir_all(&dir);
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        for chains in [CHAINS, GEMM_CHAINS] {
+            let ptx = mma_probe_ptx(chains);
+            assert_eq!(ptx.matches("mma.sync").count(), chains);
+            if let Some(ptxas) = std::env::var_os("KGEN_PTXAS") {
+                let dir = std::env::temp_dir().join(format!("kgen-probe-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let f = dir.join("probe.ptx");
+                std::fs::write(&f, &ptx).unwrap();
+                let o = std::process::Command::new(ptxas)
+                    .args(["-arch=sm_80", "-o", "/dev/null"])
+                    .arg(&f)
+                    .output()
+                    .unwrap();
+                let _ = std::fs::remove_dir_all(&dir);
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            }
         }
     }
 

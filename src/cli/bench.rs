@@ -56,6 +56,10 @@ pub struct BenchArgs {
     /// Only the workloads: skip the launch-cost, first-launch and compile-time parts.
     #[arg(long)]
     pub no_extras: bool,
+    /// Compile every kernel for this target instead of the GPU's own (on an H100,
+    /// `--arch sm_80` measures the Ampere path: `mma.sync`, `ldmatrix`, `cp.async`).
+    #[arg(long, value_parser = super::common::parse_arch, value_name = "sm_80|sm_90a")]
+    pub arch: Option<kgen::core::Arch>,
     /// Internal: measure one first launch in this (fresh) process and print it as JSON
     /// (the bench runs this in child processes).
     #[arg(long, hide = true)]
@@ -206,7 +210,10 @@ pub fn bench(a: BenchArgs) -> CliResult {
         Some(p) => Some(read_peers(p)?),
         None => None,
     };
-    let device = match Device::cuda(0) {
+    let device = match a
+        .arch
+        .map_or_else(|| Device::cuda(0), |arch| Device::cuda_as(0, arch))
+    {
         Ok(d) => d,
         Err(e) => {
             // Nothing was measured: a script must not take this for a benchmark run.
@@ -300,8 +307,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
             gemm_rows.push(row);
         }
         let ceiling_line = match &ceiling {
-            Ok((tf, cfg)) => format!(
-                "# mma.sync m16n8k16 bf16->f32 ceiling (register-only loop, best of blocks x warps sweep): {tf:.0} TFLOP/s ({cfg})"
+            Ok(((tf, cfg), sweep)) => format!(
+                "# mma.sync m16n8k16 bf16->f32 ceiling (register-only loop, best of blocks x warps x chains sweep): {tf:.0} TFLOP/s ({cfg})\n{}",
+                kgen::bench::gemm::format_probe_sweep(sweep).trim_end()
             ),
             Err(e) => format!("# mma.sync ceiling probe failed: {e}"),
         };
@@ -309,7 +317,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
             "{ceiling_line}\n# GEMM: kgen (Ops::gemm, tuned) vs cuBLAS (cublasGemmEx through cudarc, f32 compute), same buffers, stream and timer; agree = max |kgen - cuBLAS| / (|cuBLAS| + 1) over 4096 sampled elements\n{}",
             kgen::bench::gemm::format_gemm_table(
                 &gemm_rows,
-                ceiling.as_ref().ok().map(|c| c.0)
+                ceiling.as_ref().ok().map(|c| c.0 .0)
             )
             .trim_end()
         ));

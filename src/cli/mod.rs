@@ -189,6 +189,10 @@ struct RunArgs {
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "50",
           value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "no_gpu")]
     bench: Option<u64>,
+    /// Compile for this target instead of the GPU's own (an H100 runs sm_80 PTX too:
+    /// `--arch sm_80` runs the Ampere code path on it).
+    #[arg(long, value_parser = common::parse_arch, value_name = "sm_80|sm_90a")]
+    arch: Option<kgen::core::Arch>,
 }
 
 #[derive(Args, Debug)]

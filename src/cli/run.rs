@@ -339,7 +339,10 @@ pub fn run(a: RunArgs) -> CliResult {
             Err(why) => (None, why),
         }
     };
-    let arch = gpu.as_ref().and_then(|g| g.arch()).unwrap_or(Arch::Sm90a);
+    let arch = a
+        .arch
+        .or_else(|| gpu.as_ref().and_then(|g| g.arch()))
+        .unwrap_or(Arch::Sm90a);
     let mut opts = checked_options(&file, arch, &a.spec)?;
     let (mut func, _) = compile_to_ir(&file, &opts).map_err(|d| {
         print_diags(&d, &file);

@@ -31,7 +31,7 @@ pub(super) fn time_kernel(
     runs: u64,
 ) -> CliResult {
     let msg = |e: &dyn std::fmt::Display| CliError::Msg(format!("--bench: {e}"));
-    let device = Device::cuda(0).map_err(|e| msg(&e))?;
+    let device = Device::cuda_as(0, opts.arch).map_err(|e| msg(&e))?;
     let ops = Ops::new(&device);
     let kernel = device.kernel(file, opts).map_err(|e| msg(&e))?;
     let tensors = args
@@ -69,8 +69,15 @@ pub(super) fn time_kernel(
     let m = timer
         .time(&mut || Ok(device.launch(ops.stream(), &kernel, grid, &launch_args)?))
         .map_err(|e| msg(&e))?;
+    let regs = match kernel.resources() {
+        Some((r, 0)) => format!(" ({r} registers/thread)"),
+        Some((r, l)) => {
+            format!(" ({r} registers/thread, {l} bytes/thread of local memory: spills)")
+        }
+        None => String::new(),
+    };
     say(format_args!(
-        "GPU {}: median {:.2} us [p20 {:.2} .. p80 {:.2}] over {} launches, {:.0} GB/s over {} \
+        "GPU {}{regs}: median {:.2} us [p20 {:.2} .. p80 {:.2}] over {} launches, {:.0} GB/s over {} \
          bytes (tensors read + written); host {:.2} us per launch",
         device.describe(),
         m.median_us,

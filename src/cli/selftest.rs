@@ -304,9 +304,11 @@ pub fn selftest(a: SelftestArgs) -> CliResult {
     // The op library and #[kernel] launchers, on the same device.
     let device = match &gpu {
         Some(_) => {
-            kgen::runtime::Device::cuda(0).unwrap_or_else(|_| kgen::runtime::Device::interpreter())
+            // `--arch sm_80` on an H100: the op library runs the Ampere path too.
+            kgen::runtime::Device::cuda_as(0, arch)
+                .map_err(|e| CliError::Msg(format!("--arch {arch}: {e}")))?
         }
-        None => kgen::runtime::Device::interpreter(),
+        None => kgen::runtime::Device::interpreter_as(arch),
     };
     let op_failures = if a.filter.is_none() || ops_only {
         super::selftest_ops::run(&device, op_groups.as_deref())?

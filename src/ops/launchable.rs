@@ -33,9 +33,23 @@ pub enum Coverage {
 
 /// The kernels every op can launch (each once, sorted), and the op calls that failed
 /// (an op whose default candidate does not compile; the requests are recorded before
-/// compiling, so the tests see them either way).
+/// compiling, so the tests see them either way). The ops run once per target: their
+/// candidate lists may differ by target (Newton–Schulz's two-blocks-per-SM Gram tile is
+/// offered on sm_90a only).
 pub fn launchable_kernels(coverage: Coverage) -> (Vec<KernelRequest>, Vec<String>) {
-    let device = Device::interpreter();
+    let mut all = Vec::new();
+    let mut errors = Vec::new();
+    for arch in [kgen_core::Arch::Sm90a, kgen_core::Arch::Sm80] {
+        let (v, e) = launchable_on(Device::interpreter_as(arch), coverage);
+        all.extend(v);
+        errors.extend(e.into_iter().map(|x| format!("{arch}: {x}")));
+    }
+    all.sort();
+    all.dedup();
+    (all, errors)
+}
+
+fn launchable_on(device: Device, coverage: Coverage) -> (Vec<KernelRequest>, Vec<String>) {
     let ops = Ops::recording(&device);
     let errors = std::sync::Mutex::new(Vec::new());
     let note = |what: String, r: Result<(), OpError>| {

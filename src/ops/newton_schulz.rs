@@ -355,7 +355,7 @@ impl Ops {
             super::plan::PlanKey::new("ns_gram").word(epi as u64 | (norm.is_some() as u64) << 1),
             &args,
             || format!("{dt} {k}x{mp}x{}", x2.shape()[1]),
-            &gram_candidates(),
+            &gram_candidates(self.device().arch()),
             |c| {
                 vec![
                     ("T", dt.to_string()),
@@ -396,7 +396,7 @@ impl Ops {
             super::plan::PlanKey::new("ns_update").word(norm.is_some() as u64),
             &args,
             || format!("{dt} {k}x{mp}x{np}"),
-            &update_candidates(),
+            &update_candidates(self.device().arch()),
             |c| {
                 vec![
                     ("T", dt.to_string()),
@@ -534,10 +534,19 @@ const fn two_per_sm(c: NsConfig) -> NsConfig {
     }
 }
 
-/// `ns_gram`'s candidates (square tiles; BM divides [`NS_ROW_ALIGN`]).
-pub fn gram_candidates() -> Vec<NsConfig> {
+/// `ns_gram`'s candidates on `arch` (square tiles; BM divides [`NS_ROW_ALIGN`]). Two
+/// blocks per SM only on sm_90a: an sm_80 SM (an A100's 164 KiB) does not hold two
+/// blocks' 96 KiB of stages, so there the cap would only cost registers (and the sm_80
+/// PTX capped at 128 registers, JIT-compiled for an H100, spilled 40 bytes and read
+/// shared memory out of bounds under compute-sanitizer: nineteenth session).
+pub fn gram_candidates(arch: kgen_core::Arch) -> Vec<NsConfig> {
+    let first = cfg(128, 128, 64, 8, 3);
     vec![
-        two_per_sm(cfg(128, 128, 64, 8, 3)),
+        if arch == kgen_core::Arch::Sm90a {
+            two_per_sm(first)
+        } else {
+            first
+        },
         cfg(128, 128, 64, 8, 4),
         cfg(64, 64, 64, 4, 4),
     ]
@@ -548,13 +557,18 @@ pub fn gram_candidates() -> Vec<NsConfig> {
 /// 128 x 128 blocks per SM spill 20-24 bytes on sm_80 (`mma.sync` fragments in
 /// registers; `tests/no_spills.rs` assembles every request for both targets): not
 /// offered.
-pub fn update_candidates() -> Vec<NsConfig> {
-    vec![
+pub fn update_candidates(arch: kgen_core::Arch) -> Vec<NsConfig> {
+    let mut v = vec![
         cfg(128, 256, 64, 8, 3),
         cfg(128, 256, 64, 8, 4),
         cfg(128, 128, 64, 8, 4),
         cfg(64, 128, 64, 4, 4),
-    ]
+    ];
+    if arch != kgen_core::Arch::Sm90a {
+        // 4 stages of 128 x 256 x 64 (192 KiB) exceed sm_80's shared memory.
+        v.remove(1);
+    }
+    v
 }
 
 #[cfg(test)]
@@ -610,6 +624,44 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Every candidate of both products compiles for the target it is offered on, at its
+    /// pipeline depth (the shared memory of its stages fits), and sm_80 gets no
+    /// two-blocks-per-SM cap (its SM does not hold two Gram blocks).
+    #[test]
+    fn every_candidate_compiles_for_its_target() {
+        use kgen_core::{compile, Arch, CompileOptions, SourceFile};
+        let src = SourceFile::new(
+            "ns.kg",
+            crate::bundled::source("ns").expect("kernels-src/ns.kg"),
+        );
+        for arch in [Arch::Sm90a, Arch::Sm80] {
+            let gram = gram_candidates(arch);
+            assert_eq!(
+                gram.iter().any(|c| c.min_blocks.is_some()),
+                arch == Arch::Sm90a,
+                "{arch}"
+            );
+            let lists = [("ns_gram", gram), ("ns_update", update_candidates(arch))];
+            for (kernel, cands) in lists {
+                for c in cands {
+                    let mut o = CompileOptions::new(arch)
+                        .kernel(kernel)
+                        .define("BM", c.bm)
+                        .define("BK", c.bk);
+                    if kernel == "ns_update" {
+                        o = o.define("BN", c.bn);
+                    }
+                    o.num_warps = Some(c.warps);
+                    o.min_blocks_per_sm = c.min_blocks;
+                    o.num_stages = Some(c.stages);
+                    if let Err(d) = compile(&src, &o) {
+                        panic!("{kernel} {} on {arch}:\n{}", c.label(), d.render(&src));
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -39,6 +39,8 @@ mod tests_gather;
 #[cfg(test)]
 mod tests_limits;
 #[cfg(test)]
+mod tests_rotate;
+#[cfg(test)]
 mod tests_rounding;
 #[cfg(test)]
 mod tests_scan;

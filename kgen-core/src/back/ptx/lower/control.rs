@@ -325,14 +325,37 @@ impl Lowerer<'_> {
             lins.push(lin);
             carried.push(fresh);
         }
+        // A pipelined mma.sync loop carries its first fragments (`mma_rotate.rs`).
+        let rotation = match self.rotation_plan(id) {
+            Some(plan) => {
+                let init = *inits
+                    .get(plan.slot_arg - 1)
+                    .ok_or_else(|| unsupported(span, "loop arity"))?;
+                self.drain_copies();
+                let carried = self.rotation_prologue(&plan, init)?;
+                Some(super::mma_rotate::Rotation {
+                    plan,
+                    carried,
+                    next: None,
+                })
+            }
+            None => None,
+        };
+        let rotated = rotation.is_some();
         let head = self.new_label();
         let end = self.new_label();
         self.place_label(head);
-        self.sync.join();
+        if rotated {
+            self.rotation_head();
+        } else {
+            self.sync.join();
+        }
         let p = self.op1(RegClass::Pred, "setp.ge.s32", vec![iv.into(), up.into()]);
         self.emit_if(Some((p, false)), "bra.uni", vec![Operand::Label(end)]);
+        self.rotation = rotation;
         let yields = self.region(body)?;
         self.move_into(&yields, &lins, &carried, span)?;
+        self.rotation_back_edge(span)?;
         self.emit("add.s32", vec![iv.into(), iv.into(), st.into()]);
         self.emit("bra.uni", vec![Operand::Label(head)]);
         self.place_label(end);

@@ -26,10 +26,10 @@
 use super::staged::StagedView;
 use super::{unsupported, Lowerer, R};
 use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
-use crate::back::ptx::layout::Linear;
+use crate::back::ptx::layout::{Layout, Linear};
 use crate::back::ptx::mma_layout::{MmaKind, MmaLayout, MmaOperand};
 use crate::back::ptx::swizzle::SharedTile;
-use crate::ir::{InputPrecision, ValueId};
+use crate::ir::{InputPrecision, Op, ValueId};
 use crate::span::Span;
 use crate::types::DType;
 
@@ -51,6 +51,7 @@ struct LanePattern {
 
 /// One k-step's operand fragments: per m-tile four A registers, per n-tile two B
 /// registers, and for `tf32x3` the low parts of both (else empty).
+#[derive(Clone)]
 pub(super) struct Fragments {
     pub a: Vec<[Reg; 4]>,
     pub b: Vec<[Reg; 2]>,
@@ -67,23 +68,45 @@ pub(super) struct MmaPlan {
     pub precision: InputPrecision,
 }
 
+/// The shape of a `dot` on `mma.sync`: its plan, the instructions per warp per k-step
+/// (`mt` x `nt`), the k-steps, and the thread-id bits of a warp's M and N origin.
+pub(super) struct MmaGeometry {
+    pub plan: MmaPlan,
+    pub mt: u32,
+    pub nt: u32,
+    pub steps: u32,
+    pub m_warp: Vec<(u32, u32)>,
+    pub n_warp: Vec<(u32, u32)>,
+}
+
+impl Fragments {
+    /// Every register, in a fixed order (A, B, then the low parts).
+    pub(super) fn regs(&self) -> Vec<Reg> {
+        let mut v: Vec<Reg> = self.a.iter().flatten().copied().collect();
+        v.extend(self.b.iter().flatten().copied());
+        v.extend(self.a_lo.iter().flatten().copied());
+        v.extend(self.b_lo.iter().flatten().copied());
+        v
+    }
+}
+
 impl Lowerer<'_> {
-    pub(super) fn lower_mma(
-        &mut self,
-        id: crate::ir::InstId,
-        a: ValueId,
-        b: ValueId,
-        acc: ValueId,
-        precision: InputPrecision,
-        layout: MmaLayout,
-    ) -> R<()> {
+    /// The geometry of `dot` instruction `id` (whose result has an `Mma` layout).
+    pub(super) fn mma_geometry(&self, id: crate::ir::InstId) -> R<MmaGeometry> {
         let func = self.func;
         let inst = &func.insts[id];
         let span = inst.span;
+        let Op::Dot { a, precision, .. } = &inst.op else {
+            return Err(unsupported(span, "internal: not a dot"));
+        };
+        let (a, precision) = (*a, *precision);
         let res = *inst
             .results
             .first()
             .ok_or_else(|| unsupported(span, "dot without a result"))?;
+        let Layout::Mma(layout) = self.asg.layout(res) else {
+            return Err(unsupported(span, "internal: a dot without an MMA layout"));
+        };
         let dt = self.dtype(a);
         let plan = match (dt, precision.is_tf32()) {
             (DType::BF16, false) => MmaPlan {
@@ -112,9 +135,6 @@ impl Lowerer<'_> {
                 ))
             }
         };
-        let ty = plan.ty;
-        let kstep = plan.kind.k();
-        self.tf32_addrs.clear();
         let lin_c = self.lin(res);
         let (mp, np) = (lin_c.shape[0], lin_c.shape[1]);
         let kp = self
@@ -124,7 +144,7 @@ impl Lowerer<'_> {
             .unwrap_or(16);
         let (wm, wn) = (layout.warps_m, layout.warps_n);
         let (mw, nw) = (mp / wm, np / wn);
-        let (mt, nt, steps) = (mw / 16, nw / 8, kp / kstep);
+        let (mt, nt, steps) = (mw / 16, nw / 8, kp / plan.kind.k());
         if mt == 0 || nt == 0 || steps == 0 {
             return Err(unsupported(
                 span,
@@ -143,7 +163,37 @@ impl Lowerer<'_> {
                 })
                 .collect()
         };
-        let (m_warp, n_warp) = (warp_bits(0), warp_bits(1));
+        Ok(MmaGeometry {
+            plan,
+            mt,
+            nt,
+            steps,
+            m_warp: warp_bits(0),
+            n_warp: warp_bits(1),
+        })
+    }
+
+    pub(super) fn lower_mma(
+        &mut self,
+        id: crate::ir::InstId,
+        a: ValueId,
+        b: ValueId,
+        acc: ValueId,
+        precision: InputPrecision,
+        layout: MmaLayout,
+    ) -> R<()> {
+        let func = self.func;
+        let inst = &func.insts[id];
+        let span = inst.span;
+        let res = *inst
+            .results
+            .first()
+            .ok_or_else(|| unsupported(span, "dot without a result"))?;
+        let g = self.mma_geometry(id)?;
+        let (plan, mt, nt, steps) = (g.plan, g.mt, g.nt, g.steps);
+        let ty = plan.ty;
+        self.tf32_addrs.clear();
+        let lin_c = self.lin(res);
         let (op_a, op_b) = plan.kind.operands();
         let src_a = self.mma_source(a, layout, op_a, span)?;
         let src_b = self.mma_source(b, layout, op_b, span)?;
@@ -158,10 +208,22 @@ impl Lowerer<'_> {
         } else {
             "m16n8k16"
         };
+        // A rotated loop (`mma_rotate.rs`): k-step 0's fragments were loaded before the
+        // barrier that ends the previous iteration (or before the loop).
+        let rotated = self
+            .rotation
+            .as_ref()
+            .filter(|r| r.plan.dot == id)
+            .map(|r| (r.plan.clone(), r.carried.clone()));
         self.comment(format!(
-            "dot: mma.sync {shape} {ty}{}, {mt}x{nt} instructions per warp per k-step, {steps} k-steps",
+            "dot: mma.sync {shape} {ty}{}, {mt}x{nt} instructions per warp per k-step, {steps} k-steps{}",
             if precision == InputPrecision::Tf32x3 {
                 " (x3)"
+            } else {
+                ""
+            },
+            if rotated.is_some() {
+                ", k-step 0's fragments carried from the previous iteration"
             } else {
                 ""
             }
@@ -173,26 +235,30 @@ impl Lowerer<'_> {
         // three products per fragment pair hide the loads' latency themselves (with the
         // prefetch a 128 x 64 tile on 4 warps spilled).
         let prefetch = precision != InputPrecision::Tf32x3;
-        let mut frags = None;
+        let mut frags = rotated.as_ref().map(|(_, f)| f.clone());
+        if rotated.is_some() {
+            // The iteration's copies go first: their addresses then die before the
+            // products, where the carried fragments are live (spread among the k-steps
+            // instead, 128 x 128 x 32 on 4 warps spilled 8 bytes on sm_80).
+            self.drain_copies();
+        }
         for s in 0..steps {
             let fr = match frags.take() {
                 Some(f) => f,
-                None => {
-                    self.mma_fragments(&src_a, &src_b, s, mt, nt, &m_warp, &n_warp, plan, span)?
-                }
+                None => self.mma_fragments(&src_a, &src_b, s, &g, span)?,
             };
             if s + 1 < steps && prefetch {
-                frags = Some(self.mma_fragments(
-                    &src_a,
-                    &src_b,
-                    s + 1,
-                    mt,
-                    nt,
-                    &m_warp,
-                    &n_warp,
-                    plan,
-                    span,
-                )?);
+                frags = Some(self.mma_fragments(&src_a, &src_b, s + 1, &g, span)?);
+            }
+            if let (true, Some((rp, _))) = (s + 1 == steps, &rotated) {
+                // Every copy of this iteration is committed before the wait, which then
+                // counts as the next iteration's head would.
+                self.drain_copies();
+                self.rotation_wait(rp.pending, span)?;
+                let next = self.rotation_fragments(rp, rp.next_slot, span)?;
+                if let Some(r) = self.rotation.as_mut() {
+                    r.next = Some(next);
+                }
             }
             // TF32 fragments are loaded as they are stored and rounded here, after the
             // next k-step's loads: those stay unrounded across this step's products.
@@ -244,19 +310,15 @@ impl Lowerer<'_> {
     }
 
     /// The A fragments (per m-tile) and B fragments (per n-tile) of k-step `s`.
-    #[allow(clippy::too_many_arguments)]
-    fn mma_fragments(
+    pub(super) fn mma_fragments(
         &mut self,
         src_a: &Source,
         src_b: &Source,
         s: u32,
-        mt: u32,
-        nt: u32,
-        m_warp: &[(u32, u32)],
-        n_warp: &[(u32, u32)],
-        plan: MmaPlan,
+        g: &MmaGeometry,
         span: Span,
     ) -> R<Fragments> {
+        let (plan, mt, nt, m_warp, n_warp) = (g.plan, g.mt, g.nt, &g.m_warp, &g.n_warp);
         if plan.kind == MmaKind::Tf32 {
             return self.tf32_fragments(src_a, src_b, s, mt, nt, m_warp, n_warp, plan, span);
         }

@@ -21,6 +21,7 @@ mod control;
 mod int_div;
 mod memory;
 mod mma;
+mod mma_rotate;
 mod mma_tf32;
 mod pointwise_vec;
 mod reduce;
@@ -174,6 +175,8 @@ pub struct Lowerer<'a> {
     /// the next tensor-core `dot`'s instructions (`mma.rs`) instead of in front of them,
     /// and at the latest before anything that is not pure arithmetic (`drain_copies`).
     deferred_copies: Vec<Stmt>,
+    /// The `for` loop being lowered with its first fragments carried (`mma_rotate.rs`).
+    rotation: Option<mma_rotate::Rotation>,
     /// The kernel's TMA fetches (`back::ptx::tma`, `lower/tma.rs`): the plan, the live
     /// rings' mbarriers, thread 0's predicate and the tensor maps' addresses.
     tma: crate::back::ptx::tma::TmaPlan,
@@ -278,6 +281,7 @@ impl<'a> Lowerer<'a> {
             shared_bufs: HashMap::new(),
             staged_vals: HashMap::new(),
             deferred_copies: Vec::new(),
+            rotation: None,
             tma: Default::default(),
             tma_rings: HashMap::new(),
             tma_leader: None,

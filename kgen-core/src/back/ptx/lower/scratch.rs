@@ -543,6 +543,11 @@ impl Lowerer<'_> {
             return Ok(());
         };
         let span = inst.span;
+        if self.rotation.as_ref().is_some_and(|r| r.plan.wait == id) {
+            // A rotated loop's head: the wait came before the loop or in the previous
+            // iteration's `dot` (`mma_rotate.rs`).
+            return Ok(());
+        }
         if !self.tma.is_empty() {
             // Every fetch is a TMA copy (`lower/tma.rs`): reads wait per slot; the drain
             // waits for the copies nobody read.
