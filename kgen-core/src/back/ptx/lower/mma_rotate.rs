@@ -63,6 +63,16 @@ pub(super) struct Rotation {
 }
 
 impl Lowerer<'_> {
+    /// Whether the kernel has at most one `dot` (a GEMM's loop, not a chain of products).
+    pub(super) fn single_dot_kernel(&self) -> bool {
+        let func = self.func;
+        crate::ir::program_order(func)
+            .into_iter()
+            .filter(|&i| matches!(func.insts[i].op, Op::Dot { .. }))
+            .count()
+            <= 1
+    }
+
     /// The rotation plan of `for` loop `id`, when its body has the one shape this handles
     /// (module docs); `None` leaves the loop as it is.
     pub(super) fn rotation_plan(&self, id: InstId) -> Option<RotationPlan> {

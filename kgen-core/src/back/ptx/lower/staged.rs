@@ -415,10 +415,12 @@ impl Lowerer<'_> {
         // the origin is past the end) and whether the thread's column is outside (a
         // negative origin leaves no columns, `left` = 0); per chunk, one compare then
         // says "zeros" (the other predicates become dead code).
-        // On wgmma targets only (measured on sm_90a; on sm_80 the dK/dV kernel at D = 128
-        // sits at 255 registers and some specializations spilled 4 bytes with it).
+        // On wgmma targets, and elsewhere in kernels of one `dot` (a GEMM's loop: 183 →
+        // 171 SASS instructions per iteration of the sm_80 128 x 128 x 32 GEMM); not in
+        // sm_80's chains of products, where the dK/dV kernel at D = 128 sits at 255
+        // registers and some specializations spilled 4 bytes with it.
         let mut fast: Option<(Reg, Reg)> = None;
-        let one_compare = same_col && self.target.caps.wgmma;
+        let one_compare = same_col && (self.target.caps.wgmma || self.single_dot_kernel());
         for k in 0..chunks.div_ceil(threads) {
             // Chunk q = tid + k * threads: row q / per_row, column chunk q % per_row; its
             // row, column, swizzled slot offset and offset in the tensor from the tile's
