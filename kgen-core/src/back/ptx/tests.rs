@@ -1179,3 +1179,19 @@ kernel pointwise(x: tensor<f32, 1, contiguous>, idx: tensor<i32, 1, contiguous>,
         .unwrap_or_else(|d| panic!("{}", d.render(&file)));
     assemble(&sm80.ptx, "sm_80", "pointwise");
 }
+
+/// The PTX of the main loop: the longest span from a label to a branch back to it (the
+/// mbarrier waits of TMA fetches are short loops of their own).
+pub fn loop_body(ptx: &str) -> &str {
+    let mut best: Option<(usize, usize)> = None;
+    for (at, _) in ptx.match_indices("bra.uni $L") {
+        let label: String = ptx[at + 8..].chars().take_while(|c| *c != ';').collect();
+        if let Some(start) = ptx[..at].find(&format!("{label}:")) {
+            if best.is_none_or(|(s, e)| at - start > e - s) {
+                best = Some((start, at));
+            }
+        }
+    }
+    let (start, end) = best.expect("a loop");
+    &ptx[start..end]
+}

@@ -3,7 +3,7 @@
 //! memory, the pipelined rank-3 tiles, and wgmma's register-sourced A on sm_90a. Every
 //! kernel is assembled by ptxas where it is installed.
 
-use super::tests::assemble;
+use super::tests::{assemble, loop_body};
 use crate::ir::Op;
 use crate::{compile, compile_to_ir, Arch, CompileOptions, SourceFile};
 
@@ -48,22 +48,6 @@ fn ptx(arch: Arch, warps: Option<u32>) -> String {
     compile(&file, &opts(arch, warps))
         .unwrap_or_else(|d| panic!("{}", d.render(&file)))
         .ptx
-}
-
-/// The PTX of the main loop: the longest span from a label to a branch back to it (the
-/// mbarrier waits of TMA fetches are short loops of their own).
-fn loop_body(ptx: &str) -> &str {
-    let mut best: Option<(usize, usize)> = None;
-    for (at, _) in ptx.match_indices("bra.uni $L") {
-        let label: String = ptx[at + 8..].chars().take_while(|c| *c != ';').collect();
-        if let Some(start) = ptx[..at].find(&format!("{label}:")) {
-            if best.is_none_or(|(s, e)| at - start > e - s) {
-                best = Some((start, at));
-            }
-        }
-    }
-    let (start, end) = best.expect("a loop");
-    &ptx[start..end]
 }
 
 /// Both products put every warp along M, so nothing in the loop goes through shared

@@ -3,7 +3,7 @@
 //! block barrier per iteration; loops of other shapes are left as they were. Every
 //! kernel is assembled by ptxas where it is installed.
 
-use super::tests::assemble;
+use super::tests::{assemble, loop_body};
 use crate::{compile, Arch, CompileOptions, SourceFile};
 
 /// A user's GEMM loop (docs/LANGUAGE.md): `load`, `dot`, `store`.
@@ -41,21 +41,6 @@ fn gemm_ptx(arch: Arch, defines: &[(&str, &str)], warps: u32, stages: u32) -> St
     compile(&file, &o)
         .unwrap_or_else(|d| panic!("{}", d.render(&file)))
         .ptx
-}
-
-/// The loop's PTX: from the label a `bra.uni` jumps back to, to that branch.
-fn loop_body(ptx: &str) -> &str {
-    let mut best: Option<(usize, usize)> = None;
-    for (at, _) in ptx.match_indices("bra.uni $L") {
-        let label: String = ptx[at + 8..].chars().take_while(|c| *c != ';').collect();
-        if let Some(start) = ptx[..at].find(&format!("{label}:")) {
-            if best.is_none_or(|(s, e)| at - start > e - s) {
-                best = Some((start, at));
-            }
-        }
-    }
-    let (start, end) = best.expect("a loop");
-    &ptx[start..end]
 }
 
 fn position(body: &str, pat: &str) -> usize {
