@@ -14,11 +14,11 @@
 //!
 //! Assumes (checked by [`Lowerer::rotation_plan`], which refuses anything else): the loop
 //! body is straight-line code whose only shared-memory operations are one `scratch_wait`
-//! before everything else of that kind, `cp.async` fetches into the two rings of one
-//! f16/bf16 `dot` lowered on `mma.sync`, and the two staged `scratch_load`s of that
-//! `dot` (through transposes), both of the slot held by one loop-carried value whose
-//! next value is computed before the `dot`; rings of two or more slots; no TMA, no
-//! warp specialization, no wgmma in the kernel. The pipeline pass's ring discipline: an
+//! before everything else of that kind, `cp.async` fetches (all before the `dot`) into
+//! the two rings of one f16/bf16 `dot` lowered on `mma.sync`, and the two staged
+//! `scratch_load`s of that `dot` (through transposes), both of the slot held by one
+//! loop-carried value whose next value is computed before the `dot`; rings of two or
+//! more slots; no TMA, no warp specialization, no wgmma in the kernel. The pipeline pass's ring discipline: an
 //! iteration reading slot `r` fetches into slot `r - 1` (mod the ring size), the slot
 //! the previous iteration read.
 //!
@@ -109,6 +109,11 @@ impl Lowerer<'_> {
                         t.dtype.size_bytes()
                     };
                     if !self.is_shared(*buf) || self.is_tma_buf(*buf) || vec_bytes < 4 {
+                        return None;
+                    }
+                    // Every copy of the iteration must be committed at the dot's wait,
+                    // which then counts as the next head's would.
+                    if dot.is_some() {
                         return None;
                     }
                 }
