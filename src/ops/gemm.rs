@@ -110,6 +110,14 @@ pub fn narrow_candidates() -> Vec<GemmConfig> {
     ]
 }
 
+/// Whether `cfg`'s pipeline stages (a tile of a and one of b each, 16-bit) fit the
+/// shared memory one block of `arch` may use: 4 stages of 128 x 256 x 64 (192 KiB) do
+/// on sm_90a, not on sm_80 (163 KiB), where the tuner would only build and drop them.
+pub fn fits_shared(cfg: &GemmConfig, arch: kgen_core::Arch) -> bool {
+    let stage = 2 * (cfg.bm * cfg.bk + cfg.bk * cfg.bn) as usize;
+    cfg.stages as usize * stage <= arch.target().max_shared_bytes_per_block as usize
+}
+
 /// Whether `cfg` spills reading a transposed a (TRANS_A) with 16-byte aligned rows:
 /// 128 x 128 x 64 at 4 warps, 4 bytes on sm_80 (ptxas 13.0).
 fn spills_with_trans_a(cfg: &GemmConfig) -> bool {
@@ -336,6 +344,7 @@ impl Ops {
         if z.is_some() {
             cands = preact_candidates(&cands);
         }
+        cands.retain(|c| fits_shared(c, self.device().arch()));
         let defines = |cfg: &GemmConfig| -> Vec<(&'static str, String)> {
             vec![
                 ("T", t.to_string()),
@@ -394,6 +403,30 @@ mod tests {
 
     /// The pre-activation's candidates keep to 64 accumulator elements per thread,
     /// 8-warp 128 x 128 tiles first.
+    #[test]
+    fn every_candidate_compiles_where_it_fits_and_the_first_fits_everywhere() {
+        use kgen_core::{compile, Arch, CompileOptions, SourceFile};
+        let src = SourceFile::new(
+            "gemm.kg",
+            crate::bundled::source("gemm").expect("kernels-src/gemm.kg"),
+        );
+        for list in [candidates(), narrow_candidates(), unaligned_candidates()] {
+            for arch in [Arch::Sm90a, Arch::Sm80] {
+                assert!(fits_shared(&list[0], arch), "{:?} on {arch}", list[0]);
+                for c in &list {
+                    let mut o = CompileOptions::new(arch)
+                        .define("BM", c.bm)
+                        .define("BN", c.bn)
+                        .define("BK", c.bk);
+                    o.num_warps = Some(c.warps);
+                    o.num_stages = Some(c.stages);
+                    let r = compile(&src, &o);
+                    assert_eq!(r.is_ok(), fits_shared(c, arch), "{c:?} on {arch}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn preact_candidates_fit_their_epilogue() {
         for list in [candidates(), unaligned_candidates()] {
