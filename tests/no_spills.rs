@@ -109,6 +109,10 @@ fn specs(full: bool) -> (Vec<Spec>, Vec<String>) {
             num_warps: None,
             min_blocks_per_sm: None,
             tensor_align: Vec::new(),
+            num_stages: None,
+            no_tma: false,
+            ws: false,
+            arch: None,
         };
         // The int generics the ops use (with `full`; the warps, bound and alignments
         // the kernel then takes by default: those are not generics).
@@ -124,6 +128,10 @@ fn specs(full: bool) -> (Vec<Spec>, Vec<String>) {
                 ints.num_warps = None;
                 ints.min_blocks_per_sm = None;
                 ints.tensor_align.clear();
+                ints.num_stages = None;
+                ints.no_tma = false;
+                ints.ws = false;
+                ints.arch = None;
                 ints
             });
         let bases: BTreeSet<KernelRequest> = std::iter::once(default).chain(op_ints).collect();
@@ -282,7 +290,11 @@ fn every_launchable_specialization_assembles_without_spills() {
                         .push(format!("no kernels-src/{}.kg", r.stem));
                     continue;
                 };
-                for arch in source_targets(&file.text) {
+                // An op's request is compiled for the target it was recorded on.
+                let targets = source_targets(&file.text)
+                    .into_iter()
+                    .filter(|&a| r.arch.is_none_or(|want| want == a));
+                for arch in targets {
                     match compile(&file, &r.compile_options(arch)) {
                         Ok(k) => {
                             compiled.fetch_add(1, Ordering::Relaxed);
@@ -297,13 +309,16 @@ fn every_launchable_specialization_assembles_without_spills() {
                             let internal = d.0.iter().any(|x| x.code == ErrorCode::InvalidIr);
                             if spec.from_op || internal {
                                 errors.lock().unwrap().push(format!(
-                                    "{}.kg {} {:?} warps {:?} min_blocks {:?} align {:?} for \
-                                     {arch}:\n{}",
+                                    "{}.kg {} {:?} warps {:?} min_blocks {:?} stages {:?} \
+                                     no_tma {} ws {} align {:?} for {arch}:\n{}",
                                     r.stem,
                                     r.kernel,
                                     r.defines,
                                     r.num_warps,
                                     r.min_blocks_per_sm,
+                                    r.num_stages,
+                                    r.no_tma,
+                                    r.ws,
                                     r.tensor_align,
                                     d.render(&file)
                                 ));

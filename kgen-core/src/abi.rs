@@ -172,10 +172,19 @@ pub enum AbiSlot {
 /// and its shared-memory swizzle. The dtype and extents come from the argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TensorMapSpec {
-    /// Box extents, innermost (contiguous) dimension first, in elements.
+    /// Box extents of the two innermost dimensions, the contiguous one first, in
+    /// elements; the box is 1 along every outer dimension.
     pub box_dims: [u32; 2],
     /// `CUtensorMapSwizzle`: 0 none, 1 = 32 B, 2 = 64 B, 3 = 128 B.
     pub swizzle: u32,
+    /// The tensor's rank, 2 to 5 (a rank-3 `[B·H, S, D]` view's tile `[1, BN, D]` is a
+    /// box of 1 along B·H).
+    #[serde(default = "rank_two")]
+    pub rank: u32,
+}
+
+fn rank_two() -> u32 {
+    2
 }
 
 /// The PTX types a kernel parameter is declared with. `tmap` is printed `.align 64 .b8

@@ -139,18 +139,22 @@ pub enum ParamRole {
         dtype: String,
     },
     /// A `CUtensorMap` (128 bytes, by value, 64-byte aligned: PTX type `tmap`, declared
-    /// `.param .align 64 .b8 name[128]`) of rank-2 tensor `source`, made with
-    /// `cuTensorMapEncodeTiled`: data type from the tensor's dtype, rank 2, the address of
-    /// element [0, 0], `globalDim = [extent 1, extent 0]` (innermost first),
-    /// `globalStrides = [stride 0 * elem_bytes]`, `boxDim = box_dims`, element strides
-    /// [1, 1], no interleave, `swizzle` (`CUtensorMapSwizzle`: 1 = 32 B, 2 = 64 B, 3 =
-    /// 128 B), L2 promotion 256 B, no NaN fill (out-of-bounds elements read as zero).
-    /// Compile with `--no-tma` for a launcher that cannot make one.
+    /// `.param .align 64 .b8 name[128]`) of tensor `source` (of rank `rank`, 2 to 5), made
+    /// with `cuTensorMapEncodeTiled`: data type from the tensor's dtype, `rank`, the
+    /// address of element [0, ..], `globalDim` the extents innermost first,
+    /// `globalStrides` the other dimensions' strides times elem_bytes innermost first (a
+    /// dimension of extent 1 may take any multiple of 16), `boxDim = box_dims` then 1 for
+    /// every outer dimension, element strides all 1, no interleave, `swizzle`
+    /// (`CUtensorMapSwizzle`: 1 = 32 B, 2 = 64 B, 3 = 128 B), L2 promotion 256 B, no NaN
+    /// fill (out-of-bounds elements read as zero). Compile with `--no-tma` for a launcher
+    /// that cannot make one.
     TensorMap {
         source: String,
         source_index: u32,
         box_dims: [u32; 2],
         swizzle: u32,
+        #[serde(default)]
+        rank: u32,
     },
 }
 
@@ -230,6 +234,7 @@ impl AbiDoc {
                         source_index: *param,
                         box_dims: map.box_dims,
                         swizzle: map.swizzle,
+                        rank: map.rank,
                     },
                 };
                 ParamDoc {

@@ -29,17 +29,22 @@ pub struct TensorMapArg(pub [u64; 16]);
 // SAFETY: plain bytes, `#[repr(C)]`, the layout the kernel parameter declares.
 unsafe impl cudarc::driver::DeviceRepr for TensorMapArg {}
 
-/// The arguments of `cuTensorMapEncodeTiled` for one rank-2 tensor (innermost first).
+/// The arguments of `cuTensorMapEncodeTiled` for one tensor of rank 2 to 5 (innermost
+/// first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorMapParams {
     /// `CUtensorMapDataType` value.
     pub data_type: u32,
-    /// The address of element [0, 0], or `None`: the zero buffer (an empty tensor).
+    /// The address of element [0, ..], or `None`: the zero buffer (an empty tensor).
     pub address: Option<u64>,
-    pub global_dim: [u64; 2],
-    /// Bytes between rows (`globalStrides[0]`).
-    pub row_stride_bytes: u64,
-    pub box_dim: [u32; 2],
+    pub rank: u32,
+    /// Extents, innermost first (1 past `rank`).
+    pub global_dim: [u64; 5],
+    /// Bytes from one index to the next of dimensions 1 .. rank (innermost first:
+    /// `globalStrides`; entry 0 is the row stride).
+    pub strides_bytes: [u64; 4],
+    /// The box: the spec's two extents, then 1 for every outer dimension.
+    pub box_dim: [u32; 5],
     pub swizzle: u32,
 }
 
@@ -69,8 +74,12 @@ impl TensorMapParams {
     ) -> Result<TensorMapParams, String> {
         let data_type =
             data_type_code(dtype).ok_or_else(|| format!("TMA cannot copy {dtype} elements"))?;
-        if shape.len() != 2 || strides.len() != 2 {
-            return Err(format!("a tensor map is rank 2, not {}", shape.len()));
+        let rank = spec.rank as usize;
+        if !(2..=5).contains(&rank) || shape.len() != rank || strides.len() != rank {
+            return Err(format!(
+                "a tensor map of rank {rank} for a tensor of rank {}",
+                shape.len()
+            ));
         }
         let es = dtype.size_bytes() as u64;
         let [inner_box, outer_box] = spec.box_dims;
@@ -98,42 +107,58 @@ impl TensorMapParams {
                 ));
             }
         }
-        let (rows, cols) = (shape[0] as u64, shape[1] as u64);
-        if rows == 0 || cols == 0 {
+        let mut box_dim = [1u32; 5];
+        box_dim[0] = inner_box;
+        box_dim[1] = outer_box;
+        if shape.contains(&0) {
             return Ok(TensorMapParams {
                 data_type,
                 address: None,
-                global_dim: [1, 1],
-                row_stride_bytes: 16,
-                box_dim: spec.box_dims,
+                rank: spec.rank,
+                global_dim: [1; 5],
+                strides_bytes: [16; 4],
+                box_dim,
                 swizzle: spec.swizzle,
             });
         }
-        if cols > 1 && strides[1] != 1 {
+        if shape[rank - 1] > 1 && strides[rank - 1] != 1 {
             return Err("the rows are not contiguous".into());
         }
         if !address.is_multiple_of(16) {
             return Err(format!("address {address:#x} is not 16-byte aligned"));
         }
-        let row_stride_bytes = if rows <= 1 {
-            (cols * es).div_ceil(16) * 16
-        } else {
-            strides[0] as u64 * es
-        };
-        if !row_stride_bytes.is_multiple_of(16) || row_stride_bytes >= 1 << 40 {
-            return Err(format!(
-                "row stride of {row_stride_bytes} bytes: TMA needs a multiple of 16 below 2^40"
-            ));
+        let mut global_dim = [1u64; 5];
+        for (i, g) in global_dim.iter_mut().enumerate().take(rank) {
+            *g = shape[rank - 1 - i] as u64;
+            if *g > 1 << 32 {
+                return Err("an extent above 2^32".into());
+            }
         }
-        if rows > 1 << 32 || cols > 1 << 32 {
-            return Err("an extent above 2^32".into());
+        let mut strides_bytes = [16u64; 4];
+        for i in 1..rank {
+            let d = rank - 1 - i;
+            // A dimension of extent 1 is never stepped: its stride (which the caller may
+            // have set to anything) becomes the dense one, rounded up to 16 bytes.
+            let b = if shape[d] <= 1 {
+                let below = if i == 1 { es } else { strides_bytes[i - 2] };
+                (global_dim[i - 1] * below).div_ceil(16) * 16
+            } else {
+                strides[d] as u64 * es
+            };
+            if !b.is_multiple_of(16) || b >= 1 << 40 {
+                return Err(format!(
+                    "stride of dimension {d}: {b} bytes; TMA needs a multiple of 16 below 2^40"
+                ));
+            }
+            strides_bytes[i - 1] = b;
         }
         Ok(TensorMapParams {
             data_type,
             address: Some(address),
-            global_dim: [cols, rows],
-            row_stride_bytes,
-            box_dim: spec.box_dims,
+            rank: spec.rank,
+            global_dim,
+            strides_bytes,
+            box_dim,
             swizzle: spec.swizzle,
         })
     }
@@ -143,17 +168,18 @@ impl TensorMapParams {
     pub fn encode(&self, zero: u64) -> Result<TensorMapArg, RuntimeError> {
         let mut out = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
         let dims = self.global_dim;
-        let strides = [self.row_stride_bytes];
+        let strides = self.strides_bytes;
         let boxes = self.box_dim;
-        let elem = [1u32, 1];
+        let elem = [1u32; 5];
         let address = self.address.unwrap_or(zero);
         // SAFETY: the enum values are the driver's (`data_type_code`, swizzle 0..=3
-        // checked in `of`); the arrays outlive the call; `out` is 128 writable bytes.
+        // checked in `of`); the arrays (5 and 4 entries, rank ≤ 5 checked in `of`) outlive
+        // the call; `out` is 128 writable bytes.
         let r = unsafe {
             sys::cuTensorMapEncodeTiled(
                 out.as_mut_ptr(),
                 std::mem::transmute::<u32, sys::CUtensorMapDataType>(self.data_type),
-                2,
+                self.rank,
                 address as *mut std::ffi::c_void,
                 dims.as_ptr(),
                 strides.as_ptr(),
@@ -206,6 +232,7 @@ mod tests {
         TensorMapSpec {
             box_dims: [inner, outer],
             swizzle,
+            rank: 2,
         }
     }
 
@@ -221,16 +248,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.data_type, 9, "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16");
-        assert_eq!(p.global_dim, [4096, 1000]);
-        assert_eq!(p.row_stride_bytes, 8192);
-        assert_eq!(p.box_dim, [64, 128]);
+        assert_eq!((p.rank, p.global_dim[..2].to_vec()), (2, vec![4096, 1000]));
+        assert_eq!(p.strides_bytes[0], 8192);
+        assert_eq!(p.box_dim, [64, 128, 1, 1, 1]);
         assert_eq!(p.swizzle, 3);
         // A view with a longer row pitch keeps its pitch.
         let v =
             TensorMapParams::of(DType::F16, 0x1000, &[7, 40], &[64, 1], &spec(32, 64, 2)).unwrap();
         assert_eq!(
-            (v.data_type, v.global_dim, v.row_stride_bytes),
-            (6, [40, 7], 128)
+            (v.data_type, v.global_dim[..2].to_vec(), v.strides_bytes[0]),
+            (6, vec![40, 7], 128)
         );
     }
 
@@ -252,9 +279,54 @@ mod tests {
     fn empty_and_single_row_tensors_still_encode() {
         let s = spec(64, 64, 3);
         let e = TensorMapParams::of(DType::BF16, 0, &[0, 4096], &[4096, 1], &s).unwrap();
-        assert_eq!((e.address, e.global_dim), (None, [1, 1]));
+        assert_eq!((e.address, e.global_dim), (None, [1; 5]));
         // One row: its stride is never used; any value the caller has is replaced.
         let r = TensorMapParams::of(DType::BF16, 0x2000, &[1, 100], &[3, 1], &s).unwrap();
-        assert_eq!((r.global_dim, r.row_stride_bytes), ([100, 1], 208));
+        assert_eq!(
+            (r.global_dim[..2].to_vec(), r.strides_bytes[0]),
+            (vec![100, 1], 208)
+        );
+    }
+
+    /// A rank-3 view (attention's `[B·H, S, D]` and `[B, S, H·D]`): the extents and byte
+    /// strides innermost first, the box 1 along the leading dimension; a leading extent
+    /// of 1 gets the dense stride whatever the view says; a rank the spec does not name
+    /// is refused.
+    #[test]
+    fn rank_3_views_map_with_a_unit_leading_box() {
+        let s3 = TensorMapSpec {
+            box_dims: [64, 64],
+            swizzle: 3,
+            rank: 3,
+        };
+        // [B·H = 8, S = 300, D = 128] bf16, contiguous.
+        let p = TensorMapParams::of(DType::BF16, 0x1000, &[8, 300, 128], &[38400, 128, 1], &s3)
+            .unwrap();
+        assert_eq!(p.rank, 3);
+        assert_eq!(p.global_dim, [128, 300, 8, 1, 1]);
+        assert_eq!(p.strides_bytes[..2], [256, 76800]);
+        assert_eq!(p.box_dim, [64, 64, 1, 1, 1]);
+        // [B = 2, S = 300, H·D = 4·128] of a fused [B, S, (H + 2·Hkv)·D] buffer (row pitch
+        // 8·128).
+        let q = TensorMapParams::of(
+            DType::BF16,
+            0x1000,
+            &[2, 300, 512],
+            &[300 * 1024, 1024, 1],
+            &s3,
+        )
+        .unwrap();
+        assert_eq!(q.global_dim[..3], [512, 300, 2]);
+        assert_eq!(q.strides_bytes[..2], [2048, 614400]);
+        // B·H = 1: the leading stride is never used; the dense one replaces it.
+        let one =
+            TensorMapParams::of(DType::BF16, 0x1000, &[1, 300, 128], &[7, 128, 1], &s3).unwrap();
+        assert_eq!(one.strides_bytes[..2], [256, 76800]);
+        // Rank 2 against a rank-3 spec, a leading stride not a multiple of 16 bytes.
+        assert!(TensorMapParams::of(DType::BF16, 0x1000, &[300, 128], &[128, 1], &s3).is_err());
+        assert!(
+            TensorMapParams::of(DType::BF16, 0x1000, &[8, 300, 128], &[38401, 128, 1], &s3)
+                .is_err()
+        );
     }
 }

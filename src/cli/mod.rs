@@ -97,8 +97,9 @@ struct SpecArgs {
     #[arg(long)]
     no_tma: bool,
     /// On sm_90a, warp-specialize a TMA-fed wgmma kernel: one more warpgroup whose
-    /// first thread issues every copy, the kernel's warps only compute (measured no
-    /// faster yet on the bundled GEMM: docs/PERFORMANCE.md).
+    /// first thread issues every copy, the kernel's warps only compute (with 8 warps,
+    /// `setmaxnreg` gives them 232 registers). The attention op uses it at D = 128; on
+    /// the bundled GEMM it measured no faster (docs/PERFORMANCE.md).
     #[arg(long)]
     ws: bool,
     /// Alignment in bytes (1, 2, 4, 8 or 16) the kernel may assume for a tensor

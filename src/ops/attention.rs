@@ -116,13 +116,32 @@ pub struct AttentionConfig {
     /// Blocks that must fit on one SM (`.minnctapersm`: registers capped to fit them),
     /// or `None`.
     pub min_blocks: Option<u32>,
+    /// Warp-specialized (sm_90a): a producer warpgroup issues TMA copies of the K/V (or
+    /// Q/dO) tiles while the `warps` compute, with `setmaxnreg` giving the consumers
+    /// the registers. Otherwise the tiles are copied with `cp.async` by every thread:
+    /// TMA without a producer measured slower for these kernels (docs/PERFORMANCE.md).
+    pub ws: bool,
 }
 
 impl AttentionConfig {
     fn label(&self) -> String {
-        match self.min_blocks {
-            Some(m) => format!("BM={},BN={},w{},{m}/SM", self.bm, self.bn, self.warps),
-            None => format!("BM={},BN={},w{}", self.bm, self.bn, self.warps),
+        let mut l = format!("BM={},BN={},w{}", self.bm, self.bn, self.warps);
+        if let Some(m) = self.min_blocks {
+            l += &format!(",{m}/SM");
+        }
+        if self.ws {
+            l += ",ws";
+        }
+        l
+    }
+
+    /// How its kernels are built.
+    pub(crate) fn variant(&self) -> super::Variant {
+        super::Variant {
+            min_blocks_per_sm: self.min_blocks,
+            num_stages: None,
+            no_tma: !self.ws,
+            ws: self.ws,
         }
     }
 }
@@ -133,7 +152,13 @@ const fn cfg(bm: usize, bn: usize, warps: u32) -> AttentionConfig {
         bn,
         warps,
         min_blocks: None,
+        ws: false,
     }
+}
+
+/// `c` warp-specialized (sm_90a; the same `cp.async` kernel elsewhere).
+const fn specialized(c: AttentionConfig) -> AttentionConfig {
+    AttentionConfig { ws: true, ..c }
 }
 
 /// `c` with registers capped so that `m` blocks fit on an SM. At D = 64 the forward and
@@ -151,11 +176,17 @@ const fn per_sm(c: AttentionConfig, m: u32) -> AttentionConfig {
 /// 4 warps. BM = 128 with 8 warps (D = 64; compiles without spills) lost everywhere it
 /// was timed, so it is not offered: on an H200 (sm_90a, bf16, causal, `kgen run
 /// --bench`) 484 against 616 µs at B·H = 64, S = 4096; 20.3 against 24.0 µs at 16 x 1024;
-/// 10.7 against 15.0 µs at 8 x 512.
-pub fn fwd_candidates(d: usize) -> Vec<AttentionConfig> {
+/// 10.7 against 15.0 µs at 8 x 512. At D = 128, FlashAttention-3's shape: BM = BN = 128
+/// on two consumer warpgroups fed by a TMA producer warpgroup (H100, B·H = 128,
+/// S = 4096, causal: 1025 against 1238 µs for BM = BN = 64; at D = 64, 122 against 102
+/// µs, so not offered there).
+pub fn fwd_candidates(d: usize, arch: kgen_core::Arch) -> Vec<AttentionConfig> {
     if d == 64 {
         vec![cfg(64, 64, 4), per_sm(cfg(64, 64, 4), 3)]
+    } else if arch == kgen_core::Arch::Sm90a {
+        vec![cfg(64, 64, 4), specialized(cfg(128, 128, 8))]
     } else {
+        // Without a producer (sm_80: `mma.sync`, 255 registers) it spills.
         vec![cfg(64, 64, 4)]
     }
 }
@@ -164,8 +195,18 @@ pub fn fwd_candidates(d: usize) -> Vec<AttentionConfig> {
 /// there too for D = 64 (490 against 685 µs, 22.6 against 27.0, 12.3 against 16.7), but
 /// won for D = 128 on an H100 (B·H = 128, S = 4096, causal: 1791 against 2070 µs;
 /// B·H = 32, S = 16384: 6558 against 7488), so the tuner times both there.
-pub fn dq_candidates(d: usize) -> Vec<AttentionConfig> {
-    if d == 128 {
+///
+/// At D = 128 the BM = 128 kernel also comes warp-specialized (a TMA producer
+/// warpgroup; H100, B·H = 128, S = 4096, causal: 1309 against 1459 µs with TMA and no
+/// producer). At D = 64 that lost (137–142 against 108 µs).
+pub fn dq_candidates(d: usize, arch: kgen_core::Arch) -> Vec<AttentionConfig> {
+    if d == 128 && arch == kgen_core::Arch::Sm90a {
+        vec![
+            cfg(64, 64, 4),
+            cfg(128, 64, 8),
+            specialized(cfg(128, 64, 8)),
+        ]
+    } else if d == 128 {
         vec![cfg(64, 64, 4), cfg(128, 64, 8)]
     } else {
         vec![cfg(64, 64, 4), per_sm(cfg(64, 64, 4), 3)]
@@ -526,7 +567,7 @@ impl Ops {
         if g.b == 0 {
             return Ok(());
         }
-        let cands = fwd_candidates(g.d);
+        let cands = fwd_candidates(g.d, self.device.arch());
         let args = KernelArgs::new()
             .tensor("q", &vs[0])
             .tensor("k", &vs[1])
@@ -542,12 +583,12 @@ impl Ops {
             || cands.iter().map(AttentionConfig::label).collect(),
             |i| {
                 let c = cands[i];
-                let kern = self.kernel_bounded(
+                let kern = self.kernel_variant(
                     "attention",
                     "attention_fwd",
                     &g.defines(c, causal, layout),
                     Some(c.warps),
-                    c.min_blocks,
+                    c.variant(),
                     &args,
                 )?;
                 Ok((kern, g.grid(g.sq, c.bm, g.b * g.h)?))
@@ -666,7 +707,7 @@ impl Ops {
             .tensor("dq", dq3)
             .scalar("heads", g.h as i32)
             .scalar("scale", g.scale);
-        let cands = dq_candidates(g.d);
+        let cands = dq_candidates(g.d, self.device.arch());
         let kv = dkdv_config(g.d);
         // The delta scratch is the workspace's start (16-byte aligned, rows of S_q: its
         // alignment follows from lse's shape): not part of the key.
@@ -687,19 +728,20 @@ impl Ops {
                 None,
                 &delta_args,
             )?;
-            let dkdv_k = self.kernel(
+            let dkdv_k = self.kernel_variant(
                 "attention",
                 "attention_bwd_dkdv",
                 &g.defines(kv, causal, layout),
                 Some(kv.warps),
+                kv.variant(),
                 &dkdv_args,
             )?;
-            let dq_k = self.kernel_bounded(
+            let dq_k = self.kernel_variant(
                 "attention",
                 "attention_bwd_dq",
                 &g.defines(c, causal, layout),
                 Some(c.warps),
-                c.min_blocks,
+                c.variant(),
                 &dq_args,
             )?;
             Ok(vec![

@@ -96,8 +96,9 @@ pub struct Ops {
 }
 
 /// One kernel specialization the op library asks for: a kernel of `kernels-src/`, its
-/// compile-time values, warps, blocks-per-SM bound and the tensors' alignments (what
-/// [`Ops::kernel_bounded`] compiles).
+/// compile-time values, warps, blocks-per-SM bound, pipeline depth, copy engine and
+/// warp specialization, and the tensors' alignments (what [`Ops::kernel_variant`]
+/// compiles).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KernelRequest {
     /// The file stem in `kernels-src/`.
@@ -108,6 +109,29 @@ pub struct KernelRequest {
     pub min_blocks_per_sm: Option<u32>,
     /// Every tensor argument's alignment in bytes (16 where the tensor allows more).
     pub tensor_align: Vec<(String, u32)>,
+    /// The software-pipeline depth (`None`: the compiler's).
+    pub num_stages: Option<u32>,
+    /// `cp.async` instead of TMA on sm_90a.
+    pub no_tma: bool,
+    /// Warp-specialized on sm_90a (a producer warpgroup issues the TMA copies).
+    pub ws: bool,
+    /// The target the op asked for it on (its candidate lists differ per target), or
+    /// `None` for a specialization of every target.
+    pub arch: Option<kgen_core::Arch>,
+}
+
+/// How a kernel specialization is built beyond its compile-time values and warps (the
+/// options of [`CompileOptions`] an op chooses per candidate).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Variant {
+    /// Blocks that must fit on one SM (`.minnctapersm`), or `None`.
+    pub min_blocks_per_sm: Option<u32>,
+    /// Software-pipeline depth of the loops feeding `dot` (`None`: the compiler's).
+    pub num_stages: Option<u32>,
+    /// Keep tile fetches on `cp.async` where the target could use TMA.
+    pub no_tma: bool,
+    /// Warp-specialize a TMA-fed wgmma kernel (sm_90a; ignored elsewhere).
+    pub ws: bool,
 }
 
 impl KernelRequest {
@@ -129,6 +153,9 @@ impl KernelRequest {
         opts.num_warps = self.num_warps;
         opts.min_blocks_per_sm = self.min_blocks_per_sm;
         opts.tensor_align = self.tensor_align.clone();
+        opts.num_stages = self.num_stages;
+        opts.no_tma = self.no_tma;
+        opts.ws = self.ws;
         opts
     }
 }
@@ -254,12 +281,37 @@ impl Ops {
         num_stages: Option<u32>,
         args: &KernelArgs,
     ) -> Result<Arc<Kernel>, OpError> {
+        let variant = Variant {
+            min_blocks_per_sm,
+            num_stages,
+            ..Variant::default()
+        };
+        self.kernel_variant(stem, name, defines, num_warps, variant, args)
+    }
+
+    /// [`Ops::kernel`] built as `variant` says (blocks per SM, pipeline depth, copy
+    /// engine, warp specialization).
+    pub fn kernel_variant(
+        &self,
+        stem: &str,
+        name: &str,
+        defines: &[(&str, String)],
+        num_warps: Option<u32>,
+        variant: Variant,
+        args: &KernelArgs,
+    ) -> Result<Arc<Kernel>, OpError> {
+        let Variant {
+            min_blocks_per_sm,
+            num_stages,
+            no_tma,
+            ws,
+        } = variant;
         // The map's key, built into one buffer (this runs on every op call).
         use std::fmt::Write;
         let mut key = String::with_capacity(96);
         let _ = write!(
             key,
-            "{stem}/{name}/{num_warps:?}/{min_blocks_per_sm:?}/{num_stages:?}"
+            "{stem}/{name}/{num_warps:?}/{min_blocks_per_sm:?}/{num_stages:?}/{no_tma}/{ws}"
         );
         for (k, v) in defines {
             let _ = write!(key, "/{k}={v}");
@@ -288,6 +340,10 @@ impl Ops {
                 num_warps,
                 min_blocks_per_sm,
                 tensor_align: align.clone(),
+                num_stages,
+                no_tma,
+                ws,
+                arch: Some(self.device.arch()),
             };
             if let Ok(mut v) = rec.lock() {
                 if !v.contains(&request) {
@@ -308,6 +364,8 @@ impl Ops {
         opts.num_warps = num_warps;
         opts.min_blocks_per_sm = min_blocks_per_sm;
         opts.num_stages = num_stages;
+        opts.no_tma = no_tma;
+        opts.ws = ws;
         opts.tensor_align = align;
         let k = self.device.kernel(&file, &opts)?;
         if let Ok(mut m) = self.kernels.lock() {

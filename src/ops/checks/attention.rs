@@ -158,6 +158,12 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
     for c in CASES.iter().chain(extra) {
         out.push((c.label(), check_case(&ops, c).map(|r| r.worst())));
     }
+    for head_dim in [64, 128] {
+        out.push((
+            format!("attention: every tuning candidate, bf16 D={head_dim} causal GQA S=127"),
+            check_every_candidate(&ops, head_dim),
+        ));
+    }
     out.push((
         "attention: typed errors before any launch".to_string(),
         check_errors(&ops).map(|_| 0.0),
@@ -489,6 +495,129 @@ pub fn check_errors(ops: &Ops) -> Result<(), String> {
     Ok(())
 }
 
+/// Every candidate of the forward's and dq's tuning lists for `ops`' target
+/// ([`fwd_candidates`](crate::ops::attention::fwd_candidates),
+/// [`dq_candidates`](crate::ops::attention::dq_candidates)), each launched directly as
+/// the op builds it (warp-specialized ones too) on a causal, grouped-query case of
+/// S = 127 with head dimension `head_dim`, outputs poisoned: each must match the f64
+/// reference within [`tolerances`]. The op itself runs only the tuner's pick. Returns
+/// the largest error.
+pub fn check_every_candidate(ops: &Ops, head_dim: usize) -> Result<f64, String> {
+    use crate::ops::attention::{dq_candidates, fwd_candidates};
+    use crate::ops::KernelArgs;
+    let e = |x: OpError| x.to_string();
+    let d = ops.device();
+    let arch = d.arch();
+    let (s, dd) = (127usize, head_dim);
+    let c = case(BF, 1, 4, 2, s, s, dd, true, BHSD);
+    let (qs, kvs) = ([1, 4, s, dd], [1, 2, s, dd]);
+    let mut rng = crate::cases::Rng::new(3);
+    let mut t4 = |shape| tensor4(d, Some(&mut rng), BF, shape, false);
+    let (q, qv) = t4(qs)?;
+    let (k, kv) = t4(kvs)?;
+    let (v, vv) = t4(kvs)?;
+    let (dout, dov) = t4(qs)?;
+    let scale = 0.125f32;
+    let (want_o, want_lse) = forward(&qv, &kv, &vv, &c.shape, true, scale as f64);
+    let (want_dq, _, _) = backward(&qv, &kv, &vv, &dov, &c.shape, true, scale as f64);
+    let v3 = |t: &Tensor| t.reshape(&[t.shape()[0] * t.shape()[1], s, dd]);
+    let (q3, k3, vv3, do3) = (
+        v3(&q).map_err(|x| x.to_string())?,
+        v3(&k).map_err(|x| x.to_string())?,
+        v3(&v).map_err(|x| x.to_string())?,
+        v3(&dout).map_err(|x| x.to_string())?,
+    );
+    let (to, tg, _) = tolerances(BF);
+    let defines = |bm: usize, bn: usize| {
+        vec![
+            ("T", "bf16".to_string()),
+            ("D", dd.to_string()),
+            ("BM", bm.to_string()),
+            ("BN", bn.to_string()),
+            ("CAUSAL", "true".to_string()),
+            ("GROUP", "2".to_string()),
+            ("BSHD", "false".to_string()),
+        ]
+    };
+    let mut worst = 0f64;
+    let mut kept = None;
+    for cand in fwd_candidates(dd, arch) {
+        let o = poisoned_on(d, BF, &[4, s, dd])?;
+        let lse = poisoned_on(d, DType::F32, &[4, s])?;
+        let args = KernelArgs::new()
+            .tensor("q", &q3)
+            .tensor("k", &k3)
+            .tensor("v", &vv3)
+            .tensor("o", &o)
+            .tensor("lse", &lse)
+            .scalar("heads", 4i32)
+            .scalar("scale", scale);
+        let kern = ops
+            .kernel_variant(
+                "attention",
+                "attention_fwd",
+                &defines(cand.bm, cand.bn),
+                Some(cand.warps),
+                cand.variant(),
+                &args,
+            )
+            .map_err(e)?;
+        ops.launch_args(&kern, [s.div_ceil(cand.bm) as u32, 4, 1], &args)
+            .map_err(e)?;
+        let what = |t: &str| format!("attention_fwd {cand:?} {t}");
+        let eo = rel_to_max(&what("o"), &read(&o)?, &want_o, 0.0, to)?;
+        let el = rel_to_max(&what("lse"), &read(&lse)?, &want_lse, 0.0, 1e-4)?;
+        worst = worst.max(eo).max(el);
+        kept.get_or_insert((o, lse));
+    }
+    let (o, lse) = kept.ok_or("no forward candidate")?;
+    let delta = poisoned_on(d, DType::F32, &[4, s])?;
+    let dargs = KernelArgs::new()
+        .tensor("o", &o)
+        .tensor("dout", &do3)
+        .tensor("delta", &delta)
+        .scalar("heads", 4i32);
+    let defs = [
+        ("T", "bf16".to_string()),
+        ("D", dd.to_string()),
+        ("BM", "64".to_string()),
+        ("BSHD", "false".to_string()),
+    ];
+    let kern = ops
+        .kernel("attention", "attention_bwd_delta", &defs, None, &dargs)
+        .map_err(e)?;
+    ops.launch_args(&kern, [s.div_ceil(64) as u32, 4, 1], &dargs)
+        .map_err(e)?;
+    for cand in dq_candidates(dd, arch) {
+        let dq = poisoned_on(d, BF, &[4, s, dd])?;
+        let args = KernelArgs::new()
+            .tensor("q", &q3)
+            .tensor("k", &k3)
+            .tensor("v", &vv3)
+            .tensor("dout", &do3)
+            .tensor("lse", &lse)
+            .tensor("delta", &delta)
+            .tensor("dq", &dq)
+            .scalar("heads", 4i32)
+            .scalar("scale", scale);
+        let kern = ops
+            .kernel_variant(
+                "attention",
+                "attention_bwd_dq",
+                &defines(cand.bm, cand.bn),
+                Some(cand.warps),
+                cand.variant(),
+                &args,
+            )
+            .map_err(e)?;
+        ops.launch_args(&kern, [s.div_ceil(cand.bm) as u32, 4, 1], &args)
+            .map_err(e)?;
+        let what = format!("attention_bwd_dq {cand:?} dq");
+        worst = worst.max(rel_to_max(&what, &read(&dq)?, &want_dq, 0.0, tg)?);
+    }
+    Ok(worst)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,108 +640,16 @@ mod tests {
         read(t).unwrap().iter().map(|v| v.to_bits()).collect()
     }
 
-    /// Every candidate of the forward's and dq's tuning lists (the interpreter runs only
-    /// the first through the op), launched directly with the defines the op uses: each
-    /// matches the f64 reference within the same tolerances.
+    /// Every candidate of the forward's and dq's tuning lists for the interpreter's
+    /// target (which runs only the first through the op), D = 64 and 128: each matches
+    /// the f64 reference within the same tolerances.
     #[test]
     fn every_candidate_matches_the_reference() {
-        use crate::ops::attention::{dq_candidates, fwd_candidates};
-        use crate::ops::KernelArgs;
         let d = Device::interpreter();
         let ops = Ops::new(&d);
-        let c = case(BF, 1, 4, 2, 127, 127, 64, true, BHSD);
-        let s = c.shape;
-        let (qs, kvs) = ([1, 4, 127, 64], [1, 2, 127, 64]);
-        let mut rng = crate::cases::Rng::new(3);
-        let mut t4 = |shape| tensor4(&d, Some(&mut rng), BF, shape, false).unwrap();
-        let ((q, qv), (k, kv), (v, vv), (dout, dov)) = (t4(qs), t4(kvs), t4(kvs), t4(qs));
-        let scale = 0.125f32;
-        let (want_o, want_lse) = forward(&qv, &kv, &vv, &s, true, scale as f64);
-        let (want_dq, _, _) = backward(&qv, &kv, &vv, &dov, &s, true, scale as f64);
-        let v3 = |t: &Tensor| t.reshape(&[t.shape()[0] * t.shape()[1], 127, 64]).unwrap();
-        let (q3, k3, vv3, do3) = (v3(&q), v3(&k), v3(&v), v3(&dout));
-        let (to, tg, _) = tolerances(BF);
-        let defines = |bm: usize, bn: usize| {
-            vec![
-                ("T", "bf16".to_string()),
-                ("D", "64".to_string()),
-                ("BM", bm.to_string()),
-                ("BN", bn.to_string()),
-                ("CAUSAL", "true".to_string()),
-                ("GROUP", "2".to_string()),
-                ("BSHD", "false".to_string()),
-            ]
-        };
-        let mut lse_keep = None;
-        for cand in fwd_candidates(64) {
-            let o = poisoned_on(&d, BF, &[4, 127, 64]).unwrap();
-            let lse = poisoned_on(&d, DType::F32, &[4, 127]).unwrap();
-            let args = KernelArgs::new()
-                .tensor("q", &q3)
-                .tensor("k", &k3)
-                .tensor("v", &vv3)
-                .tensor("o", &o)
-                .tensor("lse", &lse)
-                .scalar("heads", 4i32)
-                .scalar("scale", scale);
-            let kern = ops
-                .kernel(
-                    "attention",
-                    "attention_fwd",
-                    &defines(cand.bm, cand.bn),
-                    Some(cand.warps),
-                    &args,
-                )
-                .unwrap();
-            ops.launch_args(&kern, [127usize.div_ceil(cand.bm) as u32, 4, 1], &args)
-                .unwrap();
-            let eo = rel_to_max("o", &read(&o).unwrap(), &want_o, 0.0, to).unwrap();
-            let el = rel_to_max("lse", &read(&lse).unwrap(), &want_lse, 0.0, 1e-4).unwrap();
-            eprintln!("attention_fwd {cand:?}: o {eo:.2e}, lse {el:.2e}");
-            lse_keep.get_or_insert((o, lse));
-        }
-        let (o, lse) = lse_keep.unwrap();
-        let delta = poisoned_on(&d, DType::F32, &[4, 127]).unwrap();
-        let dargs = KernelArgs::new()
-            .tensor("o", &o)
-            .tensor("dout", &do3)
-            .tensor("delta", &delta)
-            .scalar("heads", 4i32);
-        let defs = [
-            ("T", "bf16".to_string()),
-            ("D", "64".to_string()),
-            ("BM", "64".to_string()),
-            ("BSHD", "false".to_string()),
-        ];
-        let kern = ops
-            .kernel("attention", "attention_bwd_delta", &defs, None, &dargs)
-            .unwrap();
-        ops.launch_args(&kern, [2, 4, 1], &dargs).unwrap();
-        for cand in dq_candidates(64) {
-            let dq = poisoned_on(&d, BF, &[4, 127, 64]).unwrap();
-            let args = KernelArgs::new()
-                .tensor("q", &q3)
-                .tensor("k", &k3)
-                .tensor("v", &vv3)
-                .tensor("dout", &do3)
-                .tensor("lse", &lse)
-                .tensor("delta", &delta)
-                .tensor("dq", &dq)
-                .scalar("heads", 4i32)
-                .scalar("scale", scale);
-            let kern = ops
-                .kernel(
-                    "attention",
-                    "attention_bwd_dq",
-                    &defines(cand.bm, cand.bn),
-                    Some(cand.warps),
-                    &args,
-                )
-                .unwrap();
-            ops.launch_args(&kern, [127usize.div_ceil(cand.bm) as u32, 4, 1], &args)
-                .unwrap();
-            let e = rel_to_max("dq", &read(&dq).unwrap(), &want_dq, 0.0, tg).unwrap();
-            eprintln!("attention_bwd_dq {cand:?}: dq {e:.2e}");
+        for head_dim in [64, 128] {
+            let e = check_every_candidate(&ops, head_dim).unwrap();
+            eprintln!("every candidate, D = {head_dim}: worst {e:.2e}");
         }
     }
 

@@ -137,14 +137,27 @@ pub fn write(
     // estimate counts still fit with its threads, and one block per SM is asked for; and
     // only for rings of 3 or more slots (with 1 or 2 the pipeline waits inside its loop
     // with `scratch_wait(0)`, which the consumers lower as the drain that releases every
-    // unread slot: the fill about to be read would be released before its read).
+    // unread slot: the fill about to be read would be released before its read), or
+    // buffers filled once outside every loop (a resident operand, never released).
     let ws_threads = threads + lower::PRODUCER_THREADS;
-    let deep_rings = func.scratch.iter().all(|b| !b.shared || b.slots >= 3);
+    let once = lower::fetched_once(func);
+    let deep_rings = func
+        .scratch
+        .iter()
+        .enumerate()
+        .all(|(i, b)| !b.shared || b.slots >= 3 || once.contains(&(i as u32)));
+    // Two consumer warpgroups take `CONSUMER_REGS` each (`setmaxnreg`); otherwise the
+    // block's threads share the register file evenly.
+    let regs_fit = if threads == 2 * lower::PRODUCER_THREADS {
+        est.regs + limits::REG_OVERHEAD <= lower::CONSUMER_REGS
+    } else {
+        est.regs <= limits::register_limit(target, ws_threads)
+    };
     let specialize = spec.ws
         && deep_rings
         && min_blocks == 1
         && ws_threads <= target.max_threads_per_block
-        && est.regs <= limits::register_limit(target, ws_threads);
+        && regs_fit;
     let mut lowered = lower::Lowerer::new(func, &asg, target)
         .with_tma(tma.clone(), specialize)
         .run(&loads)?;

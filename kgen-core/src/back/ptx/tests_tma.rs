@@ -299,3 +299,113 @@ kernel pmm_if<BM: int = 128, BN: int = 128, BK: int = 64>(
         assert!(log.contains("0 bytes spill stores"), "{log}");
     }
 }
+
+/// Tiles of rank-3 views (attention's `load(k, [bh, j, 0], [1, BN, D]).reshape([BN, D])`,
+/// which the pipeline stages into 2-D slots) are TMA copies too: one rank-3 map per
+/// tensor, a box of 1 along the leading dimension, and `.3d` copies whose coordinates are
+/// the column, the row and the leading index, innermost first.
+#[test]
+fn rank_3_views_fetch_by_tma_with_rank_3_maps() {
+    let src = r#"
+kernel k3<D: int = 128, BN: int = 64>(
+    q: tensor<bf16, 3, contiguous>, k: tensor<bf16, 3, contiguous>, o: tensor<f32, 3, contiguous>,
+) {
+    let h = bid(1);
+    let qt = load(q, [h, bid(0), 0], [1, 64, D]).reshape([64, D]);
+    let mut acc = zeros([64, BN], f32);
+    for j in 0..cdiv(shape(k, 1), BN) {
+        let kt = load(k, [h, j, 0], [1, BN, D]).reshape([BN, D]);
+        acc = acc + dot(qt, transpose(kt), zeros([64, BN], f32));
+    }
+    store(o, [h, bid(0), 0], reshape(acc, [1, 64, BN]));
+}
+"#;
+    let file = SourceFile::new("k3.kg", src);
+    let mut o = CompileOptions::new(Arch::Sm90a);
+    o.num_warps = Some(4);
+    let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    let maps: Vec<_> = k
+        .abi
+        .params
+        .iter()
+        .filter_map(|p| match &p.slot {
+            crate::abi::AbiSlot::TensorMap { param, map } => Some((*param, *map)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(maps.len(), 2, "{maps:?}");
+    for (_, m) in &maps {
+        assert_eq!((m.rank, m.box_dims, m.swizzle), (3, [64, 64], 3), "{m:?}");
+    }
+    let ptx = &k.ptx;
+    assert!(
+        ptx.contains("cp.async.bulk.tensor.3d.shared::cluster.global"),
+        "{ptx}"
+    );
+    assert!(!ptx.contains("cp.async.bulk.tensor.2d"), "{ptx}");
+    assert!(!ptx.contains("cp.async.cg"), "{ptx}");
+    assemble(ptx, "sm_90a", "tma_rank3");
+    // With `no_tma`, the same kernel copies with cp.async.
+    o.no_tma = true;
+    let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    assert!(k.ptx.contains("cp.async.cg"), "{}", k.ptx);
+}
+
+/// FlashAttention-3's shape under warp specialization: a loop-invariant Q kept in one
+/// shared slot (filled once, before the loop) and K and V rings, K read by two products
+/// of each iteration. The kernel is specialized (a one-slot buffer filled outside every
+/// loop is no shallow ring), Q is never released (nothing refills it; before, the
+/// consumers' drain before its first read consumed its fill and the read then waited for
+/// a phase that never came: a hang on the H100), and each refilled ring is released once
+/// per iteration, by its last reader (releasing K after its first product let the
+/// producer overwrite it under the second).
+#[test]
+fn a_resident_operand_and_a_ring_read_twice_are_released_by_their_last_reader() {
+    let src = r#"
+kernel fa<D: int = 128, BM: int = 128, BN: int = 128>(
+    q: tensor<bf16, 3, contiguous>, k: tensor<bf16, 3, contiguous>,
+    v: tensor<bf16, 3, contiguous>, o: tensor<f32, 3, contiguous>,
+) {
+    let h = bid(1);
+    let qt = load(q, [h, bid(0), 0], [1, BM, D]).reshape([BM, D]);
+    let mut acc = zeros([BM, D], f32);
+    for j in 0..cdiv(shape(k, 1), BN) {
+        let kt = load(k, [h, j, 0], [1, BN, D]).reshape([BN, D]);
+        let vt = load(v, [h, j, 0], [1, BN, D]).reshape([BN, D]);
+        let s = dot(qt, transpose(kt), zeros([BM, BN], f32));
+        let p = exp2(s - expand_dims(max(s, axis = 1), 1));
+        acc = dot(p as bf16, vt, acc);
+        acc = dot(p as bf16, kt, acc);
+    }
+    store(o, [h, bid(0), 0], reshape(acc, [1, BM, D]));
+}
+"#;
+    let file = SourceFile::new("fa.kg", src);
+    let mut o = CompileOptions::new(Arch::Sm90a);
+    o.num_warps = Some(8);
+    o.ws = true;
+    let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    assert_eq!(k.launch.threads_per_block, 384, "{}", k.entry);
+    let (consumers, producer) = k.ptx.split_once("\tret;\n").expect("two sections");
+    assert!(consumers.contains("setmaxnreg.inc.sync.aligned.u32 232;"));
+    // The producer copies Q once and K and V in its loop.
+    assert!(producer.matches("cp.async.bulk.tensor.3d").count() >= 3);
+    // One release per refilled ring (K, V) per iteration; none for Q.
+    let body = super::tests::loop_body(consumers);
+    assert_eq!(
+        body.matches("mbarrier.arrive.shared::cta.b64").count(),
+        2,
+        "{body}"
+    );
+    // K's release comes after the last product that reads it: after the third
+    // commit of the iteration.
+    let third = body
+        .match_indices("wgmma.commit_group")
+        .nth(2)
+        .map(|(i, _)| i);
+    let last_arrive = body.rfind("mbarrier.arrive.shared::cta.b64");
+    assert!(third.is_some() && last_arrive > third, "{body}");
+    if let Some(log) = assemble(&k.ptx, "sm_90a", "ws_fa") {
+        assert!(log.contains("0 bytes spill stores"), "{log}");
+    }
+}

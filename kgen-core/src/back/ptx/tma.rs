@@ -4,11 +4,12 @@
 //! Assumes: `func` is pipelined IR (`passes::pipeline`): the shared ring buffers that
 //! stage `dot` operands are filled only by `scratch_fetch` and read by `scratch_load`.
 //! Guarantees: [`plan`] returns an empty plan unless *every* fetch of the kernel can be a
-//! `cp.async.bulk.tensor.2d` copy: the target has TMA, the specialization does not say
+//! `cp.async.bulk.tensor` copy: the target has TMA, the specialization does not say
 //! `no_tma`, the kernel makes no thread-private (`scratch`) fetch or gather (whose
-//! `cp.async` groups the waits count), and each fetch reads a rank-2 `contiguous` tensor
-//! whose specialization promises 16-byte alignment (the base address, the row stride and
-//! the row length: what `cuTensorMapEncodeTiled` requires), into a swizzled slot whose
+//! `cp.async` groups the waits count), and each fetch reads a `contiguous` tensor of rank 2
+//! to 5 (a 2-D slot: the pipeline squeezed the leading extents of 1, which the map's box
+//! keeps as 1) whose specialization promises 16-byte alignment (the base address, the
+//! strides and the row length: what `cuTensorMapEncodeTiled` requires), into a swizzled slot whose
 //! tile is exactly the fetched tile (power-of-two extents, so the box fills the slot)
 //! with zero padding (TMA fills out-of-bounds elements with zeros). A slot is copied as
 //! one box per swizzle atom (the atom's columns by every row: the box's inner extent is
@@ -68,7 +69,7 @@ fn fetch_map(func: &Function, buf: u32, param: u32, padding_zero: bool) -> Optio
     let exact = b.slot_shape == [tile.rows, tile.cols];
     if !b.shared
         || !dtype_ok
-        || t.rank() != 2
+        || !(2..=5).contains(&t.rank())
         || !t.contiguous
         || t.align_bytes < 16
         || !exact
@@ -82,6 +83,7 @@ fn fetch_map(func: &Function, buf: u32, param: u32, padding_zero: bool) -> Optio
     Some(TensorMapSpec {
         box_dims: [tile.atom_cols(), tile.rows],
         swizzle: tile.swizzle.tensor_map_code(),
+        rank: t.rank() as u32,
     })
 }
 

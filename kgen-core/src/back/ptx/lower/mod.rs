@@ -32,7 +32,7 @@ pub mod staged;
 mod tma;
 mod wgmma;
 mod ws;
-pub use ws::PRODUCER_THREADS;
+pub use ws::{fetched_once, CONSUMER_REGS, PRODUCER_THREADS};
 
 use super::assign::Assignment;
 use super::isa::{Addr, Family, Inst, Operand, Reg, RegClass, Space, Stmt};
@@ -191,6 +191,12 @@ pub struct Lowerer<'a> {
     ws: ws::WsMode,
     ws_split: Option<ws::WsSplit>,
     ws_lane0: Option<Reg>,
+    /// With warp specialization: the buffers filled once, outside every loop
+    /// ([`ws::fetched_once`]).
+    ws_once: std::collections::HashSet<u32>,
+    /// With warp specialization: which `dot` releases which buffer
+    /// ([`ws::last_readers`]).
+    ws_last_readers: std::collections::HashSet<(InstId, u32)>,
     /// A `wgmma` group may still be running (`lower/wgmma.rs`, with a lag): the loop
     /// being lowered waits for it at its exit.
     wgmma_in_flight: bool,
@@ -291,6 +297,8 @@ impl<'a> Lowerer<'a> {
             ws: ws::WsMode::Off,
             ws_split: None,
             ws_lane0: None,
+            ws_once: Default::default(),
+            ws_last_readers: Default::default(),
             wgmma_in_flight: false,
             lane_offsets: HashMap::new(),
             element_offsets: HashMap::new(),
@@ -328,6 +336,17 @@ impl<'a> Lowerer<'a> {
             && !plan.is_empty()
             && self.has_wgmma_dot()
             && !crate::ir::uses_clusters(self.func);
+        if self.ws_allowed {
+            self.ws_once = ws::fetched_once(self.func);
+            self.ws_last_readers = ws::last_readers(self.func);
+            // Every refilled ring must be released by a product that reads it, and read
+            // only as staged tiles (a read into registers would release nothing).
+            self.ws_allowed = plan.by_buf.keys().all(|&buf| {
+                self.ws_once.contains(&buf)
+                    || (self.ws_last_readers.iter().any(|&(_, b)| b == buf)
+                        && ws::read_only_staged(self.func, &self.asg.staged, buf))
+            });
+        }
         if self.ws_allowed {
             // The rings live across a persistent loop: the producer fills the next
             // tile's stages while the consumers finish this one.

@@ -253,8 +253,15 @@ impl Lowerer<'_> {
         }
         let (slot_addr, tile, range) = self.shared_slot(buf, slot, span)?;
         let real = func.scratch[buf as usize].slot_shape.clone();
-        if index.len() != 2 || real.len() != 2 {
+        let rank = self.tma.maps.get(m).map_or(0, |pm| pm.spec.rank as usize);
+        if index.len() != rank || real.len() != 2 || !(2..=5).contains(&rank) {
             return Err(super::unsupported(span, "a TMA fetch of a 2-D tile"));
+        }
+        // Leading dimensions (box extent 1): the index is the coordinate.
+        let nl = rank - 2;
+        let mut lead = Vec::with_capacity(nl);
+        for &ix in &index[..nl] {
+            lead.push(self.scalar(ix, span)?);
         }
         // Write after read: no thread may still read the slot (or any other: the tracker
         // sees the whole ring). With warp specialization the slot's `empty` mbarrier
@@ -264,7 +271,7 @@ impl Lowerer<'_> {
         }
         let mut origin = Vec::with_capacity(2);
         for d in 0..2 {
-            let idx = self.scalar(index[d], span)?;
+            let idx = self.scalar(index[nl + d], span)?;
             origin.push(self.op1(
                 RegClass::B32,
                 "mul.lo.s32",
@@ -323,13 +330,18 @@ impl Lowerer<'_> {
                 Operand::Imm(tile.bytes() as i64),
             ],
         );
-        self.tma_boxes(&tile, slot_addr, map, origin[1], origin[0], mbar, leader);
+        // Coordinates innermost first: the column, the row, then the leading indices.
+        let outer: Vec<Reg> = lead.into_iter().rev().collect();
+        self.tma_boxes(
+            &tile, slot_addr, map, origin[1], origin[0], &outer, mbar, leader,
+        );
         self.count_fetch();
         Ok(())
     }
 
-    /// One `cp.async.bulk.tensor.2d` per swizzle atom of the slot: atom `a` holds columns
-    /// `a * atom_cols ..` of every row, at `a * atom_bytes`.
+    /// One `cp.async.bulk.tensor.{2+outer}d` per swizzle atom of the slot: atom `a` holds
+    /// columns `a * atom_cols ..` of every row, at `a * atom_bytes`; `outer` are the
+    /// coordinates of the dimensions outside the row (box extent 1), innermost first.
     #[allow(clippy::too_many_arguments)]
     fn tma_boxes(
         &mut self,
@@ -338,9 +350,11 @@ impl Lowerer<'_> {
         map: Reg,
         col: Reg,
         row: Reg,
+        outer: &[Reg],
         mbar: Reg,
         leader: Reg,
     ) {
+        let dims = 2 + outer.len();
         let atoms = tile.cols / tile.atom_cols();
         for a in 0..atoms {
             let c = if a == 0 {
@@ -352,12 +366,16 @@ impl Lowerer<'_> {
                     vec![col.into(), Operand::Imm((a * tile.atom_cols()) as i64)],
                 )
             };
+            let mut coords = vec![c, row];
+            coords.extend_from_slice(outer);
             self.emit_if(
                 Some((leader, false)),
-                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                format!(
+                    "cp.async.bulk.tensor.{dims}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                ),
                 vec![
                     Operand::Mem(Addr::Reg(slot_addr), (a * tile.atom_bytes()) as i64),
-                    Operand::TensorCoords(map, vec![c, row]),
+                    Operand::TensorCoords(map, coords),
                     Operand::Mem(Addr::Reg(mbar), 0),
                 ],
             );
@@ -393,11 +411,16 @@ impl Lowerer<'_> {
     pub(super) fn tma_drain(&mut self) {
         let mut rings: Vec<(u32, TmaRing)> = self.tma_rings.iter().map(|(&b, &r)| (b, r)).collect();
         rings.sort_by_key(|(b, _)| *b);
-        for (_, ring) in rings {
+        let consumer = self.ws == super::ws::WsMode::Consumer;
+        for (buf, ring) in rings {
+            if consumer && self.ws_once.contains(&buf) {
+                // Filled once and read after this wait, which the read itself does
+                // (draining it here would consume the fill before its read).
+                continue;
+            }
             let range = self.smem.range(ring.mbar);
             self.sync.note_read(range);
             let base = self.smem_at(self.smem.offset(ring.mbar));
-            let consumer = self.ws == super::ws::WsMode::Consumer;
             if consumer {
                 // The last slot read (its group completed at the loop's exit).
                 self.ws_release_prev(&ring);

@@ -368,7 +368,7 @@ impl Lowerer<'_> {
         }
         // Warp specialization: the producer may refill what is read completely.
         let bufs: Vec<u32> = plan.a.iter().map(|v| v.buf).chain([plan.b.buf]).collect();
-        self.ws_release(&bufs, keep_one, span)?;
+        self.ws_release(id, &bufs, keep_one, span)?;
         self.bind(res, cur);
         Ok(())
     }

@@ -66,6 +66,105 @@ pub struct WsSplit {
     pub rings: std::collections::HashMap<u32, super::tma::TmaRing>,
 }
 
+/// The shared buffers filled only outside every loop (a loop-invariant operand kept in
+/// shared memory, `passes/resident.rs`): each is filled once and never refilled, so its
+/// one slot needs no `empty` phase, however few slots it has; the consumers never release
+/// it, and a `scratch_wait(0)` before its read leaves the wait to the read itself.
+pub fn fetched_once(func: &crate::ir::Function) -> std::collections::HashSet<u32> {
+    fn walk(
+        func: &crate::ir::Function,
+        block: &Block,
+        in_loop: bool,
+        outside: &mut std::collections::HashSet<u32>,
+        inside: &mut std::collections::HashSet<u32>,
+    ) {
+        for &i in &block.insts {
+            let op = &func.insts[i].op;
+            if let Op::ScratchFetch { buf, .. } = op {
+                if in_loop {
+                    inside.insert(*buf);
+                } else {
+                    outside.insert(*buf);
+                }
+            }
+            let looped = in_loop || matches!(op, Op::For { .. });
+            for r in crate::ir::regions(op) {
+                walk(func, r, looped, outside, inside);
+            }
+        }
+    }
+    let (mut outside, mut inside) = Default::default();
+    walk(func, &func.body, false, &mut outside, &mut inside);
+    outside.retain(|b| !inside.contains(b));
+    outside
+}
+
+/// The `(dot, buffer)` pairs where the `dot` is the last in its loop body (its innermost
+/// `for`, or the kernel's top level; `if` regions count as part of the body, in program
+/// order) to read a staged tile of the buffer. Only that `dot` releases the slot: a slot
+/// that two products of one iteration read (the attention backward's Q, dO and K) must
+/// not be refilled after the first one.
+pub fn last_readers(func: &crate::ir::Function) -> std::collections::HashSet<(InstId, u32)> {
+    use std::collections::HashMap;
+    let defs = crate::ir::chains::definitions(func);
+    // The buffer a dot operand's staged tile comes from, through reshapes and transposes.
+    let source = |mut v: ValueId| -> Option<u32> {
+        loop {
+            match &func.insts[*defs.get(&v)?].op {
+                Op::ScratchLoad { buf, .. } => return Some(*buf),
+                Op::Reshape(x) | Op::Permute(x, _) => v = *x,
+                _ => return None,
+            }
+        }
+    };
+    fn walk(
+        func: &crate::ir::Function,
+        block: &Block,
+        source: &dyn Fn(ValueId) -> Option<u32>,
+        last: &mut HashMap<u32, InstId>,
+        out: &mut std::collections::HashSet<(InstId, u32)>,
+    ) {
+        for &i in &block.insts {
+            match &func.insts[i].op {
+                Op::Dot { a, b, .. } => {
+                    for buf in [source(*a), source(*b)].into_iter().flatten() {
+                        last.insert(buf, i);
+                    }
+                }
+                Op::For { body, .. } => {
+                    let mut inner = HashMap::new();
+                    walk(func, body, source, &mut inner, out);
+                    out.extend(inner.into_iter().map(|(b, d)| (d, b)));
+                }
+                op => {
+                    for r in crate::ir::regions(op) {
+                        walk(func, r, source, last, out);
+                    }
+                }
+            }
+        }
+    }
+    let mut top = HashMap::new();
+    let mut out = std::collections::HashSet::new();
+    walk(func, &func.body, &source, &mut top, &mut out);
+    out.extend(top.into_iter().map(|(b, d)| (d, b)));
+    out
+}
+
+/// Whether every `scratch_load` of `buf` is a staged tile (read by products from shared
+/// memory, never into registers).
+pub fn read_only_staged(
+    func: &crate::ir::Function,
+    staged: &std::collections::HashSet<ValueId>,
+    buf: u32,
+) -> bool {
+    crate::ir::program_order(func).into_iter().all(|i| {
+        let inst = &func.insts[i];
+        !matches!(inst.op, Op::ScratchLoad { buf: b, .. } if b == buf)
+            || inst.results.iter().all(|r| staged.contains(r))
+    })
+}
+
 /// Whether `block` (or a region inside it) fetches into a TMA ring of `bufs`.
 fn fetches_in(func: &crate::ir::Function, block: &Block) -> bool {
     let mut any = false;
@@ -310,13 +409,26 @@ impl Lowerer<'_> {
         self.sync.barrier();
     }
 
-    /// Consumer side of a wgmma dot that read TMA rings `bufs`: release the slots whose
-    /// reads are complete (module docs). `lagged`: the dot left one group in flight.
-    pub(super) fn ws_release(&mut self, bufs: &[u32], lagged: bool, span: Span) -> R<()> {
+    /// Consumer side of wgmma dot `dot` that read TMA rings `bufs`: release the slots whose
+    /// reads are complete, where `dot` is their last reader ([`last_readers`]; module
+    /// docs). `lagged`: the dot left one group in flight.
+    pub(super) fn ws_release(
+        &mut self,
+        dot: InstId,
+        bufs: &[u32],
+        lagged: bool,
+        span: Span,
+    ) -> R<()> {
         if self.ws != WsMode::Consumer {
             return Ok(());
         }
         for &buf in bufs {
+            if self.ws_once.contains(&buf) {
+                continue; // never refilled: nothing waits for its release
+            }
+            if !self.ws_last_readers.contains(&(dot, buf)) {
+                continue; // a later product of the iteration reads the slot too
+            }
             let Some(ring) = self.tma_rings.get(&buf).copied() else {
                 continue;
             };
