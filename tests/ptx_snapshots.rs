@@ -154,3 +154,47 @@ fn language_case_kernels_assemble() {
     assert!(seen.len() >= 20, "only {} specializations", seen.len());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// The warp-specialized attention kernels the op launches on sm_90a at D = 128
+/// (`ops::attention`'s `specialized` candidates): the forward (BM = BN = 128) and dQ
+/// (BM = 128, BN = 64), each on two consumer warpgroups and a TMA producer warpgroup.
+/// The snapshots pin where each slot's release (`mbarrier.arrive`) and each product's
+/// wait land (`back/ptx/wgmma_waits.rs`): in dQ, `dP = dO·Vᵀ` stays in flight through
+/// the exponentials, and V's release waits for it. Assembled by ptxas without spills.
+#[test]
+fn warp_specialized_attention_ptx_snapshots() {
+    let ptxas = common::ptxas();
+    let path = common::repo_root().join("kernels-src/attention.kg");
+    let file = SourceFile::new(
+        "kernels-src/attention.kg",
+        std::fs::read_to_string(path).unwrap(),
+    );
+    let mut failures = Vec::new();
+    for (kernel, bn) in [("attention_fwd", 128), ("attention_bwd_dq", 64)] {
+        let mut opts = CompileOptions::new(Arch::Sm90a);
+        opts.kernel = Some(kernel.into());
+        opts.num_warps = Some(8);
+        opts.ws = true;
+        opts.defines = vec![
+            ("D".into(), "128".into()),
+            ("BM".into(), "128".into()),
+            ("BN".into(), bn.to_string()),
+        ];
+        let k = compile(&file, &opts).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+        assert!(
+            k.ptx.contains("setmaxnreg.inc") && k.ptx.contains("mbarrier.arrive.shared"),
+            "{kernel}: not warp-specialized"
+        );
+        insta::assert_snapshot!(format!("ptx_ws_{kernel}_sm_90a"), k.ptx);
+        if let Some(ptxas) = &ptxas {
+            match common::assemble(ptxas, &k.ptx, "sm_90a", kernel) {
+                Ok(r) if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 => {
+                    failures.push(format!("{kernel}: local memory used:\n{}", r.raw))
+                }
+                Ok(_) => {}
+                Err(e) => failures.push(format!("{kernel}: ptxas rejected it:\n{e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

@@ -194,6 +194,23 @@ mod tests {
         assert_eq!(Family::of("cp.async.wait_group"), Family::CpAsyncWait);
         assert_eq!(Family::of("bar.red.or.pred"), Family::BarRed);
         assert_eq!(Family::of("barrier.cluster.arrive"), Family::BarrierCluster);
+        // mbarrier: a wait, a plain arrival (a release) and the rest are told apart.
+        assert_eq!(
+            Family::of("mbarrier.try_wait.parity.shared::cta.b64"),
+            Family::MbarrierWait
+        );
+        assert_eq!(
+            Family::of("mbarrier.arrive.shared::cta.b64"),
+            Family::MbarrierArrive
+        );
+        assert_eq!(
+            Family::of("mbarrier.arrive.expect_tx.shared::cta.b64"),
+            Family::Mbarrier
+        );
+        assert_eq!(
+            Family::of("mbarrier.init.shared::cta.b64"),
+            Family::Mbarrier
+        );
         assert_eq!(
             Family::of("ld.shared::cluster.b32"),
             Family::Ld(Space::SharedCluster)

@@ -208,9 +208,16 @@ pub enum Family {
     CpAsync,
     /// `cp.async.bulk.tensor` (TMA: a tile global → shared, completing on an mbarrier).
     CpAsyncBulk,
-    /// `mbarrier.init` / `.arrive` / `.arrive.expect_tx` / `.try_wait` / `.inval`: a
-    /// shared-memory barrier object (`try_wait` defines its predicate).
+    /// `mbarrier.init` / `.arrive.expect_tx` / `.inval`: a shared-memory barrier object
+    /// set up, armed for a copy, or torn down.
     Mbarrier,
+    /// `mbarrier.arrive` (without `expect_tx`): this thread's arrival, which may let
+    /// another thread reuse what the barrier guards (a warp-specialized consumer's
+    /// release of a pipeline slot).
+    MbarrierArrive,
+    /// `mbarrier.try_wait` / `.test_wait`: defines its predicate (the phase completed);
+    /// reads the barrier only.
+    MbarrierWait,
     CpAsyncCommit,
     CpAsyncWait,
     /// `ldmatrix` (shared → registers).
@@ -347,7 +354,12 @@ impl Family {
                 (Some("async"), Some("bulk")) => Family::CpAsyncBulk,
                 _ => Family::Unknown,
             },
-            "mbarrier" => Family::Mbarrier,
+            "mbarrier" => match (second, parts.next()) {
+                (Some("try_wait" | "test_wait"), _) => Family::MbarrierWait,
+                (Some("arrive"), Some("expect_tx")) => Family::Mbarrier,
+                (Some("arrive"), _) => Family::MbarrierArrive,
+                _ => Family::Mbarrier,
+            },
             "ldmatrix" => Family::Ldmatrix,
             "stmatrix" => Family::Stmatrix,
             "shfl" => Family::Shfl,
@@ -393,7 +405,8 @@ impl Family {
                 ..e
             },
             WgmmaFence | WgmmaCommit | WgmmaWait | CpAsyncCommit | CpAsyncWait | Bar | BarRed
-            | BarrierCluster | Fence | Griddepcontrol | Mbarrier | Setmaxnreg => Effects {
+            | BarrierCluster | Fence | Griddepcontrol | Mbarrier | MbarrierArrive
+            | MbarrierWait | Setmaxnreg => Effects {
                 syncs: true,
                 reads_memory: true,
                 writes_memory: true,

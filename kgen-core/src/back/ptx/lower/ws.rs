@@ -2,7 +2,7 @@
 //! issues the copies, while the kernel's own warps (the consumers) only compute.
 //!
 //! Assumes: `back::ptx::tma::plan` made every fetch a TMA copy, the dots that read the
-//! rings are wgmma dots (`lower/wgmma.rs` releases what they read), the kernel uses no
+//! rings are wgmma dots (`lower/wgmma.rs` calls [`Lowerer::ws_release`]), the kernel uses no
 //! cluster, and [`Lowerer::ws_split_here`] found the first ring's allocation in the
 //! kernel's top-level block with no shared memory used before it (so the extra warps
 //! have done nothing but uniform scalar work, which is what every thread computes).
@@ -19,11 +19,15 @@
 //!   on the slot's `empty` mbarrier for the consumers' release of the slot's previous
 //!   fill (parity: that fill's count, whose first wait passes at once).
 //! - The consumers lower everything else; a fetch only counts itself (for the drain);
-//!   a read waits on the slot's `full` phase; a wgmma dot releases each slot once its
-//!   group has completed (after `wait_group 0`, or with a lag the previous iteration's
-//!   slot after `wait_group 1`), lane 0 of each consumer warp arriving. Their block
-//!   barriers are named barrier 1 over the consumer threads (the producer never joins
-//!   one after the split).
+//!   a read waits on the slot's `full` phase. The last wgmma dot of an iteration that
+//!   reads a refilled slot ([`last_readers`]) releases it: lane 0 of each consumer warp
+//!   arrives on the slot's `empty` mbarrier right after the dot's commit, and
+//!   `wgmma_waits` holds that arrive until the group has completed (at the product's
+//!   first use, not at once), so the product runs on through the work after it. With a
+//!   lag the previous iteration's slot is released after `wait_group 1`. A buffer filled
+//!   once outside every loop ([`fetched_once`]) is never released. Their block barriers
+//!   are named barrier 1 over the consumer threads (the producer never joins one after
+//!   the split).
 //! - Registers: the producer warpgroup gives registers back (`setmaxnreg.dec` to
 //!   [`PRODUCER_REGS`]) and the consumers take them (`setmaxnreg.inc` to
 //!   [`CONSUMER_REGS`]), only for a block of 2 consumer warpgroups, whose total then
