@@ -68,6 +68,9 @@ pub struct Shape {
     pub dtype: DType,
     /// (BM, BN, BK).
     pub tile: (usize, usize, usize),
+    /// `PERSISTENT` on a grid of this many blocks (fewer than the tiles: each block
+    /// walks tiles `grid` apart); `None`: one block per tile.
+    pub persistent: Option<usize>,
 }
 
 pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
@@ -83,6 +86,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         preact: false,
         dtype: BF16,
         tile: (64, 64, 32),
+        persistent: None,
     };
     let mut v: Vec<Shape> = Vec::new();
     let extents: &[usize] = match sizes {
@@ -203,6 +207,26 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         tile: (128, 128, 64),
         ..base
     });
+    // Persistent: blocks walking several tiles (an uneven share each), the tuner's
+    // persistent tiles, short and ragged K, a bias with an activation, edges.
+    for (m, n, k, tile, bias, tb, blocks) in [
+        (300, 520, 260, (128, 128, 64), true, false, 4),
+        (257, 600, 200, (128, 256, 64), false, true, 3),
+        (129, 130, 40, (128, 128, 64), false, false, 2),
+        (1000, 72, 100, (64, 64, 32), true, true, 5),
+    ] {
+        v.push(Shape {
+            m,
+            n,
+            k,
+            trans_b: tb,
+            bias,
+            act: if bias { Act::GeluTanh } else { Act::None },
+            tile,
+            persistent: Some(blocks),
+            ..base
+        });
+    }
     if sizes == SizeSet::Full {
         v.push(Shape {
             m: 300,
@@ -285,7 +309,10 @@ pub fn case(seed: u64, s: Shape) -> Case {
         },
         if s.preact { " +preact" } else { "" },
         s.tile
-    );
+    ) + &s
+        .persistent
+        .map(|g| format!(" persistent on {g} blocks"))
+        .unwrap_or_default();
     let mut rng = Rng::for_case(seed, &label);
     let a = storage(&mut rng, s.dtype, s.m, s.k, s.trans_a);
     let b = storage(&mut rng, s.dtype, s.k, s.n, s.trans_b);
@@ -319,9 +346,15 @@ pub fn case(seed: u64, s: Shape) -> Case {
             ("BIAS", s.bias.to_string()),
             ("ACT", (s.act as i32).to_string()),
             ("PREACT", s.preact.to_string()),
+            ("PERSISTENT", s.persistent.is_some().to_string()),
         ]),
         tensor_align: aligns(PARAMS, &args),
-        grid: [(cdiv(s.m, bm) * cdiv(s.n, bn)).max(1) as u32, 1, 1],
+        grid: [
+            s.persistent
+                .unwrap_or((cdiv(s.m, bm) * cdiv(s.n, bn)).max(1)) as u32,
+            1,
+            1,
+        ],
         args,
         outputs: if s.preact { vec![3, 4] } else { vec![3] },
         reference: Box::new(move |args| {

@@ -40,7 +40,8 @@ impl Activation {
     }
 }
 
-/// A gemm configuration: tile sizes, warps and pipeline depth.
+/// A gemm configuration: tile sizes, warps, pipeline depth, and whether each block
+/// walks several tiles (`gemm.kg`'s `PERSISTENT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmConfig {
     pub bm: u32,
@@ -48,14 +49,35 @@ pub struct GemmConfig {
     pub bk: u32,
     pub warps: u32,
     pub stages: u32,
+    /// Launched on as many blocks as the GPU holds at once (at most one per tile), each
+    /// taking tiles `grid` apart: a tile's copies start while the previous tile's
+    /// epilogue runs.
+    pub persistent: bool,
 }
 
 impl GemmConfig {
     pub fn label(&self) -> String {
         format!(
-            "BM={} BN={} BK={} w{} s{}",
-            self.bm, self.bn, self.bk, self.warps, self.stages
+            "BM={} BN={} BK={} w{} s{}{}",
+            self.bm,
+            self.bn,
+            self.bk,
+            self.warps,
+            self.stages,
+            if self.persistent { " persistent" } else { "" }
         )
+    }
+}
+
+/// One configuration of one tile per block.
+const fn cfg(bm: u32, bn: u32, bk: u32, warps: u32, stages: u32) -> GemmConfig {
+    GemmConfig {
+        bm,
+        bn,
+        bk,
+        warps,
+        stages,
+        persistent: false,
     }
 }
 
@@ -63,13 +85,7 @@ impl GemmConfig {
 /// first; [`narrow_candidates`] for 8- or 4-byte aligned rows, [`unaligned_candidates`]
 /// for the others.
 pub fn candidates() -> Vec<GemmConfig> {
-    let c = |bm, bn, bk, warps, stages| GemmConfig {
-        bm,
-        bn,
-        bk,
-        warps,
-        stages,
-    };
+    let c = cfg;
     vec![
         c(128, 128, 32, 4, 3),
         c(128, 128, 64, 4, 3),
@@ -94,13 +110,7 @@ pub fn candidates() -> Vec<GemmConfig> {
 /// bytes); these do not, for every orientation, epilogue and alignment of c (ptxas
 /// 13.0; `tests/no_spills.rs` covers the classes through `ops::launchable`).
 pub fn narrow_candidates() -> Vec<GemmConfig> {
-    let c = |bm, bn, bk, warps, stages| GemmConfig {
-        bm,
-        bn,
-        bk,
-        warps,
-        stages,
-    };
+    let c = cfg;
     vec![
         c(128, 128, 32, 8, 3),
         c(128, 128, 32, 8, 4),
@@ -108,6 +118,25 @@ pub fn narrow_candidates() -> Vec<GemmConfig> {
         c(128, 64, 32, 4, 3),
         c(64, 64, 32, 4, 3),
     ]
+}
+
+/// Persistent candidates, added to [`candidates`] on sm_90a (wgmma: the tiles where
+/// the per-tile fill and epilogue weigh, a short K such as an LM head's 768, gain from
+/// overlapping them with the next tile's copies). The 128 x 256 tile only without a
+/// bias: with one, its outer loop puts the register estimate at 218 against 216.
+pub fn persistent_candidates(arch: kgen_core::Arch, bias: bool) -> Vec<GemmConfig> {
+    if arch != kgen_core::Arch::Sm90a {
+        return Vec::new();
+    }
+    let p = |c: GemmConfig| GemmConfig {
+        persistent: true,
+        ..c
+    };
+    let mut v = vec![p(cfg(128, 128, 64, 8, 4))];
+    if !bias {
+        v.push(p(cfg(128, 256, 64, 8, 4)));
+    }
+    v
 }
 
 /// Whether `cfg`'s pipeline stages (a tile of a and one of b each, 16-bit) fit the
@@ -129,13 +158,7 @@ fn spills_with_trans_a(cfg: &GemmConfig) -> bool {
 /// holds each element in a register on its way, so the tiles are smaller (measured: the
 /// 128 x 128 configurations spill there, tests/no_spills.rs).
 pub fn unaligned_candidates() -> Vec<GemmConfig> {
-    let c = |bm, bn, bk, warps, stages| GemmConfig {
-        bm,
-        bn,
-        bk,
-        warps,
-        stages,
-    };
+    let c = cfg;
     vec![
         c(128, 128, 32, 8, 3),
         c(64, 64, 32, 4, 3),
@@ -161,16 +184,7 @@ pub fn preact_candidates(cands: &[GemmConfig]) -> Vec<GemmConfig> {
         let c = v.remove(i);
         v.insert(0, c);
     } else {
-        v.insert(
-            0,
-            GemmConfig {
-                bm: 128,
-                bn: 128,
-                bk: 32,
-                warps: 8,
-                stages: 3,
-            },
-        );
+        v.insert(0, cfg(128, 128, 32, 8, 3));
     }
     v
 }
@@ -343,6 +357,8 @@ impl Ops {
         }
         if z.is_some() {
             cands = preact_candidates(&cands);
+        } else if align >= 16 {
+            cands.extend(persistent_candidates(self.device().arch(), bias.is_some()));
         }
         cands.retain(|c| fits_shared(c, self.device().arch()));
         let defines = |cfg: &GemmConfig| -> Vec<(&'static str, String)> {
@@ -356,6 +372,7 @@ impl Ops {
                 ("BIAS", bias.is_some().to_string()),
                 ("ACT", act.code().to_string()),
                 ("PREACT", z.is_some().to_string()),
+                ("PERSISTENT", cfg.persistent.to_string()),
             ]
         };
         let args = KernelArgs::new()
@@ -386,8 +403,13 @@ impl Ops {
                     &args,
                 )?;
                 let tiles = m.div_ceil(cfg.bm as usize) * n.div_ceil(cfg.bn as usize);
+                let blocks = if cfg.persistent {
+                    tiles.min((self.sm_count() * resident_blocks(&kern)).max(1))
+                } else {
+                    tiles
+                };
                 let grid = [
-                    u32::try_from(tiles).map_err(|_| shape_err(op, "too many tiles"))?,
+                    u32::try_from(blocks).map_err(|_| shape_err(op, "too many tiles"))?,
                     1,
                     1,
                 ];
@@ -395,6 +417,22 @@ impl Ops {
             },
         )
     }
+}
+
+/// Blocks of `k` one SM holds at once: the least of its shared memory (228 KiB per SM,
+/// 1 KiB reserved per block), its threads (2,048) and, on a GPU, its registers (65,536,
+/// allocated 8 per thread at a time); at most 32.
+pub fn resident_blocks(k: &kgen_runtime::Kernel) -> usize {
+    let launch = k.compiled().launch;
+    let threads = launch.threads_per_block.max(1) as usize;
+    let smem = (launch.static_shared_bytes + launch.dynamic_shared_bytes) as usize + 1024;
+    let by_smem = 233_472 / smem;
+    let by_threads = 2048 / threads;
+    let by_regs = match k.resources() {
+        Some((regs, _)) => 65_536 / (regs.max(1).div_ceil(8) as usize * 8 * threads),
+        None => 32,
+    };
+    by_smem.min(by_threads).min(by_regs).clamp(1, 32)
 }
 
 #[cfg(test)]
@@ -422,6 +460,40 @@ mod tests {
                     o.num_stages = Some(c.stages);
                     let r = compile(&src, &o);
                     assert_eq!(r.is_ok(), fits_shared(c, arch), "{c:?} on {arch}");
+                }
+            }
+        }
+    }
+
+    /// The persistent candidates are offered on sm_90a only, and each compiles with
+    /// every epilogue it is offered for (the 128 x 256 one only without a bias).
+    #[test]
+    fn persistent_candidates_compile_for_their_epilogues() {
+        use kgen_core::{compile, Arch, CompileOptions, SourceFile};
+        assert!(persistent_candidates(Arch::Sm80, false).is_empty());
+        let src = SourceFile::new(
+            "gemm.kg",
+            crate::bundled::source("gemm").expect("kernels-src/gemm.kg"),
+        );
+        for bias in [false, true] {
+            let list = persistent_candidates(Arch::Sm90a, bias);
+            assert_eq!(list.len(), if bias { 1 } else { 2 });
+            for c in &list {
+                assert!(c.persistent && fits_shared(c, Arch::Sm90a));
+                for act in 0..4 {
+                    let mut o = CompileOptions::new(Arch::Sm90a)
+                        .define("BM", c.bm)
+                        .define("BN", c.bn)
+                        .define("BK", c.bk)
+                        .define("BIAS", bias)
+                        .define("ACT", act)
+                        .define("TRANS_B", true)
+                        .define("PERSISTENT", true);
+                    o.num_warps = Some(c.warps);
+                    o.num_stages = Some(c.stages);
+                    let k =
+                        compile(&src, &o).unwrap_or_else(|d| panic!("{c:?}: {}", d.render(&src)));
+                    assert!(k.ptx.contains("%nctaid.x"), "{c:?}: not persistent");
                 }
             }
         }

@@ -360,9 +360,8 @@ impl Checker<'_> {
         out
     }
 
-    /// A loop bound: an `i32` scalar (integer constants become one).
-    fn scalar_i32(&mut self, e: &ast::Expr, what: &str) -> Option<ValueId> {
-        let v = self.expr(e);
+    /// A loop bound: an `i32` scalar (integer constants become one), from its value `v`.
+    fn scalar_i32(&mut self, v: Ev, e: &ast::Expr, what: &str) -> Option<ValueId> {
         match &v {
             Ev::Int(_) => self.materialize(&v, DType::I32, e.span),
             Ev::Value(x) if self.ty(*x) == ValueType::Scalar(DType::I32) => Some(*x),
@@ -422,9 +421,48 @@ impl Checker<'_> {
         body: &ast::Block,
         span: Span,
     ) {
-        let lower = self.scalar_i32(start, "start");
-        let upper = self.scalar_i32(end, "end");
+        // The loop a compile-time parameter turns off: `let mut rounds = 1; if P {
+        // rounds = ...; }` then `for r in 0..rounds`, where the end is a variable still
+        // holding its constant (literal bounds such as `0..GROUP` stay a loop: kernels
+        // tuned at the register limit were measured with it, and ptxas allocates the
+        // two forms differently).
+        let held_const = |c: &Self, v: &Ev| match v {
+            Ev::Value(x) => match c.typed_consts.get(x) {
+                Some(crate::types::Scalar::Int(i, _)) => Some(*i as i128),
+                _ => None,
+            },
+            _ => None,
+        };
+        let start_ev = self.expr(start);
+        let a = match &start_ev {
+            Ev::Int(i) => Some(*i),
+            other => held_const(self, other),
+        };
+        let lower = self.scalar_i32(start_ev, start, "start");
+        let end_ev = self.expr(end);
+        let b = held_const(self, &end_ev);
+        let upper = self.scalar_i32(end_ev, end, "end");
         let step_v = self.loop_step(step);
+        if let (Some(a), Some(b), Some(s), Some(start_value)) = (a, b, step_v, lower) {
+            if b > a && b - a <= s as i128 {
+                // One iteration: only its body, as a compile-time constant condition
+                // keeps one branch. The variable is the start's i32 value, as in the
+                // loop (not an untyped constant: a slot index `j + DEPTH` past a buffer
+                // stays a fetch that only counts, as at run time).
+                self.scopes.push(Default::default());
+                self.bind(
+                    &var.name,
+                    Binding::Var {
+                        value: Ev::Value(start_value),
+                        mutable: false,
+                        span: var.span,
+                    },
+                );
+                self.lower_block_stmts(body);
+                self.scopes.pop();
+                return;
+            }
+        }
         let step = match step_v {
             Some(s) => self.materialize(&Ev::Int(s as i128), DType::I32, span),
             None => None,

@@ -621,6 +621,39 @@ fn constant_if_lowers_only_the_taken_branch() {
     assert_eq!(count(&f, |o| matches!(o, Op::Unary(..))), 1);
 }
 
+/// The loop a parameter turns off (`let mut rounds = 1; if P { rounds = ...; }`, then
+/// `for r in 0..rounds`, here also `lo..hi` with `lo = 3, hi = 4`) is only its body,
+/// the variable holding the start; with the parameter on, a literal `0..1`, or two
+/// iterations, the loop stays.
+#[test]
+fn a_loop_a_parameter_turns_off_is_its_body() {
+    let src = "kernel k<P: bool = false>(x: tensor<f32, 1>, n: i32) {
+        let mut t = load(x, [0], [8]);
+        let mut rounds = 1;
+        if P { rounds = n; }
+        for r in 0..rounds { t = t * 2.0; }
+        let mut lo = 3;
+        let mut hi = 4;
+        for q in lo..hi { t = t + (q as f32); }
+        for j in 0..1 { t = t - (j as f32); }
+        store(x, [0], t);
+    }";
+    let f = lower(src);
+    assert_eq!(count(&f, |o| matches!(o, Op::For { .. })), 1, "{f}");
+    // q is the start, 3.
+    assert!(
+        f.insts.iter().any(|(_, i)| matches!(
+            i.op,
+            Op::Const(crate::types::Scalar::Float(c, DType::F32)) if c == 3.0
+        )),
+        "{f}"
+    );
+    let (f, _) = lower_with(src, &CompileOptions::new(Arch::Sm80).define("P", "true"));
+    assert_eq!(count(&f, |o| matches!(o, Op::For { .. })), 2, "{f}");
+    let f = lower(&src.replace("let mut hi = 4;", "let mut hi = 5;"));
+    assert_eq!(count(&f, |o| matches!(o, Op::For { .. })), 2, "{f}");
+}
+
 #[test]
 fn assignments_keep_the_variable_type() {
     let f = lower(&k("let mut t = zeros([8], f32);
