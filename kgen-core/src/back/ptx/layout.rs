@@ -300,6 +300,59 @@ pub fn free_remap(src: &Linear, dst: &Linear, weights: &[u64]) -> Option<Vec<usi
     )
 }
 
+/// How many of `lin`'s registers, from a multiple of that count, hold consecutive
+/// elements of its padded row-major order (log2): `k` where register bit `j` owns
+/// row-major index bit `j` for every `j < k`. A thread then writes such a group with one
+/// vector store at an offset that is a multiple of the group (its lane and warp bits own
+/// only higher index bits).
+pub fn row_major_vector_bits(lin: &Linear) -> u32 {
+    let mut k = 0;
+    while let Some(&cb) = lin.regs.get(k as usize) {
+        if Linear::linear_bit(&lin.shape, cb) != k {
+            break;
+        }
+        k += 1;
+    }
+    k
+}
+
+/// The read side of [`row_major_vector_bits`] under a weight map (see [`weight_bit`]):
+/// `k` where `dst`'s register bit `j` reads source index bit `j` for every `j < k`, and
+/// no other register, lane or warp bit of `dst` reads an index bit below `k` (each
+/// weight is 0 or a power of two; any other weight gives 0). Registers `r .. r + 2^k`
+/// (`r` a multiple of `2^k`) then read consecutive source elements from a multiple of
+/// `2^k`: one vector load.
+pub fn weighted_vector_bits(dst: &Linear, weights: &[u64]) -> u32 {
+    if weights.iter().any(|&w| w != 0 && !w.is_power_of_two()) {
+        return 0;
+    }
+    // The source index bit a destination coordinate bit reads (None: weight 0).
+    let index_bit = |cb: CBit| -> Option<u32> {
+        let w = *weights.get(cb.0 as usize)?;
+        (w != 0).then(|| w.trailing_zeros() + cb.1 as u32)
+    };
+    let mut k = 0u32;
+    while let Some(&cb) = dst.regs.get(k as usize) {
+        if index_bit(cb) != Some(k) {
+            break;
+        }
+        k += 1;
+    }
+    let others = dst.regs[k as usize..]
+        .iter()
+        .copied()
+        .chain(dst.lanes.iter().flatten().copied())
+        .chain(dst.warps.iter().flatten().copied());
+    for cb in others {
+        if let Some(b) = index_bit(cb) {
+            if b < k {
+                k = b;
+            }
+        }
+    }
+    k
+}
+
 /// Weights (see [`weight_bit`]) of the identity map (a layout conversion).
 pub fn identity_weights(shape: &[u32]) -> Vec<u64> {
     row_major_strides(&padded(shape))
@@ -618,5 +671,30 @@ mod tests {
             + g.lanes.iter().filter(|x| x.is_some()).count()
             + g.warps.iter().filter(|x| x.is_some()).count();
         assert_eq!(covered, 2 + 6);
+    }
+    #[test]
+    fn vector_bits_of_a_row_major_layout() {
+        // 4 consecutive elements per thread along the last dim: 2 vector bits; a layout
+        // whose first register bit is a row (dim 0) has none.
+        let l = Blocked::default_for(&[16, 64], 4, 4).linear(&[16, 64]);
+        assert_eq!(l.contiguity(1), 4);
+        assert_eq!(row_major_vector_bits(&l), 2);
+        let w = identity_weights(&[16, 64]);
+        assert_eq!(weighted_vector_bits(&l, &w), 2);
+        let mut rows_first = l.clone();
+        rows_first.regs.insert(0, (0, 3));
+        assert_eq!(row_major_vector_bits(&rows_first), 0);
+        // Transposed reads: the register bits step the source by its row length.
+        let t = permute_weights(&[64, 16], &[1, 0]).unwrap();
+        assert_eq!(weighted_vector_bits(&l, &t), 0);
+        // A broadcast register bit (weight 0) stops the vector.
+        let b = vec![64, 0];
+        assert_eq!(weighted_vector_bits(&l, &b), 0);
+        // A lane bit reading index bit 1 caps the vector at 2 elements.
+        let mut clash = l.clone();
+        clash.lanes[0] = Some((1, 1));
+        assert_eq!(weighted_vector_bits(&clash, &w), 1);
+        // A weight that is not a power of two disables vectors.
+        assert_eq!(weighted_vector_bits(&l, &[64, 3]), 0);
     }
 }

@@ -536,6 +536,8 @@ impl Lowerer<'_> {
                         out.push(self.widen_half(h0, dt));
                         out.push(self.widen_half(h1, dt));
                     }
+                    let pair = (out[out.len() - 2], out[out.len() - 1]);
+                    self.packed_from.insert(pair, (w, dt));
                 }
                 out
             }
@@ -570,6 +572,19 @@ impl Lowerer<'_> {
             8 => (elems.to_vec(), "b64"),
             4 => (elems.to_vec(), "b32"),
             2 => {
+                // Two elements unpacked from one word of this format are that word.
+                if vec >= 2 && vec.is_multiple_of(2) {
+                    let words: Option<Vec<Reg>> = elems
+                        .chunks(2)
+                        .map(|c| match self.packed_from.get(&(c[0], c[1])) {
+                            Some(&(w, d)) if d == dt => Some(w),
+                            _ => None,
+                        })
+                        .collect();
+                    if let Some(words) = words {
+                        return (words, "b32");
+                    }
+                }
                 // Values rounded to `dt` from f32 are packed from their f32 source (same
                 // bits).
                 let elems: Vec<Reg> = elems

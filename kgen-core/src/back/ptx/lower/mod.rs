@@ -153,6 +153,9 @@ pub struct Lowerer<'a> {
     /// scope (SSA values; block parameters are rewritten only by the yield that ends
     /// their body).
     rounded_from: HashMap<Reg, (Reg, DType)>,
+    /// For two f16/bf16 elements unpacked from one 32-bit word (`unpack`): that word and
+    /// the format. A store packs such a pair as the word itself (sound as `rounded_from`).
+    packed_from: HashMap<(Reg, Reg), (Reg, DType)>,
     tid: Option<Reg>,
     bits_cache: HashMap<Vec<(u32, u32)>, Reg>,
     replica_cache: HashMap<u32, Reg>,
@@ -276,6 +279,7 @@ impl<'a> Lowerer<'a> {
             fetch_scopes: Vec::new(),
             conv_cache: vec![HashMap::new()],
             rounded_from: HashMap::new(),
+            packed_from: HashMap::new(),
             tid: None,
             bits_cache: HashMap::new(),
             replica_cache: HashMap::new(),

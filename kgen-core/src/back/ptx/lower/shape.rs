@@ -87,9 +87,24 @@ impl Lowerer<'_> {
         self.comment("layout conversion through shared memory");
         let slot = smem_slot_bytes(dt);
         let pad = RowPad::for_rows(&src.shape, slot);
+        // Vector accesses: a group of registers holding consecutive elements of the
+        // padded row-major order moves with one `st.shared.v*` / `ld.shared.v*` (at most
+        // 16 bytes, within a padded row, whose starts are 16-byte aligned).
+        let cap = |k: u32| -> usize {
+            let mut k = k.min((16 / slot).trailing_zeros());
+            if pad.pad != 0 {
+                k = k.min(pad.row_bits);
+            }
+            if super::class_of(dt) == RegClass::Pred {
+                k = 0;
+            }
+            1 << k
+        };
+        let wvec = cap(layout::row_major_vector_bits(src));
+        let rvec = cap(layout::weighted_vector_bits(dst, weights));
         let numel: u32 = src.shape.iter().product::<u32>().max(1);
         let base = self.smem_begin(pad.index(numel as u64) as u32 * slot);
-        self.smem_write_padded(regs, src, dt, base, slot, pad)?;
+        self.smem_write_padded(regs, src, dt, base, slot, pad, wvec)?;
         self.smem_read_fence();
         // Read address: base + pad(sum(thread_d * w_d)) * slot.
         let mut t: Option<Reg> = None;
@@ -117,10 +132,11 @@ impl Lowerer<'_> {
             None => base,
         };
         let mut out = Vec::with_capacity(dst.num_regs());
-        for r in 0..dst.num_regs() {
+        for r in (0..dst.num_regs()).step_by(rvec) {
             let c = dst.reg_coord(r);
             let off: u64 = c.iter().zip(weights).map(|(&a, &w)| a as u64 * w).sum();
-            out.push(self.smem_read(dt, addr, (pad.index(off) * slot as u64) as i64));
+            let off = (pad.index(off) * slot as u64) as i64;
+            out.extend(self.smem_read_group(dt, addr, off, rvec));
         }
         self.smem_end();
         Ok(out)
@@ -151,7 +167,8 @@ impl Lowerer<'_> {
     }
 
     /// Writes every register of a tile at its padded row-major index (`pad`), `slot`
-    /// bytes per element.
+    /// bytes per element, `vec` consecutive registers per store (see `remap`).
+    #[allow(clippy::too_many_arguments)]
     fn smem_write_padded(
         &mut self,
         regs: &[Reg],
@@ -160,9 +177,10 @@ impl Lowerer<'_> {
         base: Reg,
         slot: u32,
         pad: RowPad,
+        vec: usize,
     ) -> R<()> {
         if pad.pad == 0 {
-            return self.smem_write_at(regs, src, dt, base, 0, slot);
+            return self.smem_write_at(regs, src, dt, base, 0, slot, vec);
         }
         // The thread part of the index, padded at run time; each register's constant
         // part padded here (their bits are disjoint, so the padding of the sum is the sum
@@ -189,10 +207,9 @@ impl Lowerer<'_> {
             }
             None => base,
         };
-        let shifted: Vec<Reg> = regs.to_vec();
-        for (r, &v) in shifted.iter().enumerate() {
-            let off = pad.index(Self::lin_offset(src, r)) * slot as u64;
-            self.smem_store_elem(v, dt, addr, off as i64, slot);
+        for (r, group) in regs.chunks(vec).enumerate() {
+            let off = pad.index(Self::lin_offset(src, r * vec)) * slot as u64;
+            self.smem_store_group(group, dt, addr, off as i64, slot);
         }
         Ok(())
     }
@@ -209,12 +226,13 @@ impl Lowerer<'_> {
         let slot = smem_slot_bytes(dt);
         let numel: u32 = src.shape.iter().product::<u32>().max(1);
         let base = self.smem_begin(offset_bytes + numel * slot);
-        self.smem_write_at(regs, src, dt, base, offset_bytes, slot)?;
+        self.smem_write_at(regs, src, dt, base, offset_bytes, slot, 1)?;
         Ok((slot, base))
     }
 
     /// The write phase alone (no barrier), `slot` bytes per element (2 stores a half
-    /// value's 16 bits; 4 and 8 its register).
+    /// value's 16 bits; 4 and 8 its register), `vec` consecutive registers per store.
+    #[allow(clippy::too_many_arguments)]
     fn smem_write_at(
         &mut self,
         regs: &[Reg],
@@ -223,14 +241,43 @@ impl Lowerer<'_> {
         base: Reg,
         offset_bytes: u32,
         slot: u32,
+        vec: usize,
     ) -> R<()> {
         let slot = slot as u64;
         let addr = self.smem_thread_base(src, base, slot);
-        for (r, &v) in regs.iter().enumerate() {
-            let off = Self::lin_offset(src, r) * slot + offset_bytes as u64;
-            self.smem_store_elem(v, dt, addr, off as i64, slot as u32);
+        for (r, group) in regs.chunks(vec).enumerate() {
+            let off = Self::lin_offset(src, r * vec) * slot + offset_bytes as u64;
+            self.smem_store_group(group, dt, addr, off as i64, slot as u32);
         }
         Ok(())
+    }
+
+    /// Stores consecutive elements with one vector store (`group.len()` a power of two,
+    /// at most 16 bytes, `off` aligned to them): half values packed two to a word (from
+    /// the f32 values they were rounded from, see `pack`). A group of half values not
+    /// all held widened in f32 registers is stored element by element.
+    fn smem_store_group(&mut self, group: &[Reg], dt: DType, addr: Reg, off: i64, slot: u32) {
+        let n = group.len();
+        if n == 1 || (slot == 2 && group.iter().any(|r| r.class != RegClass::F32)) {
+            for (i, &v) in group.iter().enumerate() {
+                self.smem_store_elem(v, dt, addr, off + (i as u32 * slot) as i64, slot);
+            }
+            return;
+        }
+        let words = if slot == 2 {
+            self.pack(dt, group).0
+        } else {
+            group.to_vec()
+        };
+        let ty = if slot == 8 { "b64" } else { "b32" };
+        let mem = Operand::Mem(Addr::Reg(addr), off);
+        match words.len() {
+            1 => self.emit(format!("st.shared.{ty}"), vec![mem, words[0].into()]),
+            m => self.emit(
+                format!("st.shared.v{m}.{ty}"),
+                vec![mem, Operand::Vec(words)],
+            ),
+        }
     }
 
     /// Stores one element of a tile passing through shared memory: a half value's 16
@@ -349,6 +396,39 @@ impl Lowerer<'_> {
             }
             RegClass::B64 => self.op1(RegClass::B64, "ld.shared.b64", vec![mem]),
             c => self.op1(c, "ld.shared.b32", vec![mem]),
+        }
+    }
+
+    /// Reads `n` consecutive elements (a power of two, at most 16 bytes, `off` aligned
+    /// to them) with one vector load; half values come two to a word and are unpacked
+    /// (`unpack`, which remembers each pair's word for a store that packs them again).
+    fn smem_read_group(&mut self, dt: DType, addr: Reg, off: i64, n: usize) -> Vec<Reg> {
+        if n == 1 {
+            return vec![self.smem_read(dt, addr, off)];
+        }
+        let slot = smem_slot_bytes(dt);
+        let (class, ty, word_bytes) = match slot {
+            8 => (RegClass::B64, "b64", 8),
+            4 => (super::class_of(dt), "b32", 4),
+            _ => (RegClass::B32, "b32", 4),
+        };
+        let words: Vec<Reg> = (0..n as u32 * slot / word_bytes)
+            .map(|_| self.reg(class))
+            .collect();
+        let mem = Operand::Mem(Addr::Reg(addr), off);
+        let dst = match words.len() {
+            1 => Operand::Reg(words[0]),
+            _ => Operand::Vec(words.clone()),
+        };
+        let v = match words.len() {
+            1 => String::new(),
+            m => format!(".v{m}"),
+        };
+        self.emit(format!("ld.shared{v}.{ty}"), vec![dst, mem]);
+        if slot == 2 {
+            self.unpack(dt, n as u32, &words)
+        } else {
+            words
         }
     }
 
@@ -535,8 +615,8 @@ impl Lowerer<'_> {
         self.comment("dot: stage A and B in shared memory");
         let base = self.smem_begin(a_bytes + pk * pn * 4);
         // The FMA loop below reads 32-bit words: f32 values (halves widened), i32.
-        self.smem_write_at(&ra, &la, adt, base, 0, 4)?;
-        self.smem_write_at(&rb, &lb, bdt, base, a_bytes, 4)?;
+        self.smem_write_at(&ra, &la, adt, base, 0, 4, 1)?;
+        self.smem_write_at(&rb, &lb, bdt, base, a_bytes, 4, 1)?;
         self.smem_read_fence();
         // Per-thread row of A and column of B.
         let tm = self.thread_coord(&lin, 0);
