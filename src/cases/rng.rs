@@ -35,6 +35,16 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// A copy of this stream `n` draws ahead (SplitMix64's state advances by a constant
+    /// per draw), so that a long sequence can be drawn in independent pieces.
+    pub fn ahead(&self, n: u64) -> Rng {
+        Rng {
+            state: self
+                .state
+                .wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        }
+    }
+
     /// Uniform in [0, 1) with 53 random bits.
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
@@ -77,6 +87,11 @@ mod tests {
             assert_eq!(x, b.next_f64());
             assert!((0.0..1.0).contains(&x));
         }
+        let mut far = a.ahead(17);
+        for _ in 0..17 {
+            b.next_u64();
+        }
+        assert_eq!(far.next_u64(), b.next_u64());
         let mut c = Rng::for_case(1, "x");
         let mut d = Rng::for_case(1, "y");
         assert_ne!(c.next_u64(), d.next_u64());

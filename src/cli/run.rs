@@ -151,18 +151,46 @@ fn parse_scalar(name: &str, spec: &str, dtype: DType) -> Result<Scalar, String> 
 }
 
 /// Random contents: floats uniform in [-1, 1), signed integers in [-8, 8), unsigned in
-/// [0, 16), bools half and half.
+/// [0, 16), bools half and half; one draw of `rng` per element, in row-major order.
+/// Large tensors are drawn in pieces on every core (each piece from the stream's copy
+/// that many draws ahead), with the same values as one sequential pass.
 fn random_tensor(rng: &mut Rng, dtype: DType, shape: &[usize]) -> HostTensor {
+    const PIECE: usize = 1 << 20;
     let n: usize = shape.iter().product();
-    let vals: Vec<f64> = (0..n)
-        .map(|_| match dtype {
-            d if d.is_float() => rng.uniform(-1.0, 1.0),
-            DType::U32 => (rng.next_u64() % 16) as f64,
-            DType::Bool => (rng.next_u64() & 1) as f64,
-            _ => (rng.next_u64() % 16) as f64 - 8.0,
-        })
+    let draw = |rng: &mut Rng| match dtype {
+        d if d.is_float() => rng.uniform(-1.0, 1.0),
+        DType::U32 => (rng.next_u64() % 16) as f64,
+        DType::Bool => (rng.next_u64() & 1) as f64,
+        _ => (rng.next_u64() % 16) as f64 - 8.0,
+    };
+    let mut t = HostTensor::zeros(dtype, shape);
+    let es = dtype.size_bytes() as usize;
+    let pieces: Vec<(usize, &mut [u8])> = t
+        .data
+        .chunks_mut(PIECE * es)
+        .enumerate()
+        .map(|(i, c)| (i * PIECE, c))
         .collect();
-    HostTensor::from_f64(dtype, shape, &vals)
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let per_thread = pieces.len().div_ceil(threads).max(1);
+    let base = &*rng;
+    std::thread::scope(|s| {
+        let mut pieces = pieces;
+        while !pieces.is_empty() {
+            let mine: Vec<(usize, &mut [u8])> =
+                pieces.drain(..per_thread.min(pieces.len())).collect();
+            s.spawn(move || {
+                for (start, bytes) in mine {
+                    let len = bytes.len() / es;
+                    let mut r = base.ahead(start as u64);
+                    let vals: Vec<f64> = (0..len).map(|_| draw(&mut r)).collect();
+                    bytes.copy_from_slice(&HostTensor::from_f64(dtype, &[len], &vals).data);
+                }
+            });
+        }
+    });
+    *rng = rng.ahead(n as u64);
+    t
 }
 
 /// The arguments, in parameter order, and for each whether it is random data (only
@@ -593,5 +621,20 @@ mod tests {
         assert!(t.to_f64_vec().iter().all(|v| (-1.0..1.0).contains(v)));
         let t = random_tensor(&mut rng, DType::U32, &[100]);
         assert!(t.to_f64_vec().iter().all(|v| (0.0..16.0).contains(v)));
+    }
+
+    /// Drawn in pieces on several threads, a tensor larger than a piece holds the values
+    /// of one sequential pass, and the stream goes on after it as after that pass.
+    #[test]
+    fn random_data_in_pieces_is_one_sequential_pass() {
+        let n = (1 << 20) * 2 + 12345;
+        let mut rng = Rng::new(9);
+        let t = random_tensor(&mut rng, DType::F32, &[n]);
+        let mut seq = Rng::new(9);
+        let want: Vec<f64> = (0..n)
+            .map(|_| seq.uniform(-1.0, 1.0) as f32 as f64)
+            .collect();
+        assert_eq!(t.to_f64_vec(), want);
+        assert_eq!(rng.next_u64(), seq.next_u64());
     }
 }

@@ -310,16 +310,19 @@ pub fn selftest(a: SelftestArgs) -> CliResult {
         }
         None => kgen::runtime::Device::interpreter_as(arch),
     };
-    let op_failures = if a.filter.is_none() || ops_only {
+    let (op_passed, op_failures) = if a.filter.is_none() || ops_only {
         super::selftest_ops::run(&device, op_groups.as_deref())?
     } else {
-        0
+        (0, 0)
     };
     let n_fail = failures.len() + op_failures;
+    // Cases and op checks counted apart: `--filter ops:...` runs no case.
     say(format_args!(
-        "selftest: {} case(s) passed, {} failed, {:.1} s, {}",
+        "selftest: {} case(s) passed, {} failed; {} op check(s) passed, {} failed; {:.1} s, {}",
         cases.len() - failures.len(),
-        n_fail,
+        failures.len(),
+        op_passed,
+        op_failures,
         start.elapsed().as_secs_f64(),
         match &gpu {
             Some(g) => format!("GPU {} ({arch}) and interpreter", g.info().name),

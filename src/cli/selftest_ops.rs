@@ -161,8 +161,11 @@ fn macro_checks(device: &Device) -> Vec<Check> {
     v
 }
 
-/// All op-level checks; returns the number of failures.
-pub fn run(device: &Device, groups: Option<&[String]>) -> Result<usize, super::common::CliError> {
+/// Runs the op checks (all, or the named groups); returns how many passed and failed.
+pub fn run(
+    device: &Device,
+    groups: Option<&[String]>,
+) -> Result<(usize, usize), super::common::CliError> {
     let mut checks: Vec<Check> = match groups {
         None => macro_checks(device),
         Some(_) => Vec::new(),
@@ -212,5 +215,5 @@ pub fn run(device: &Device, groups: Option<&[String]>) -> Result<usize, super::c
             }
         ));
     }
-    Ok(failed)
+    Ok((checks.len() - failed, failed))
 }
