@@ -219,6 +219,34 @@ impl Linear {
         }
     }
 
+    /// The half of the tile where coordinate bit `cb` (a register bit) is fixed, as a
+    /// layout of its own: `cb`'s dim halved, its higher bits moved down one, and the
+    /// register bit removed. Also returns that register bit's index: register `r` of
+    /// `self` is in half `r >> j & 1`, at the index `r` has with bit `j` taken out.
+    pub fn split_reg_bit(&self, cb: CBit) -> Option<(Linear, usize)> {
+        let j = self.regs.iter().position(|&x| x == cb)?;
+        let f = |x: CBit| -> Option<CBit> {
+            if x.0 != cb.0 || x.1 < cb.1 {
+                Some(x)
+            } else {
+                Some((x.0, x.1 - 1))
+            }
+        };
+        let mut shape = self.shape.clone();
+        shape[cb.0 as usize] /= 2;
+        let mut regs = self.regs.clone();
+        regs.remove(j);
+        Some((
+            Linear {
+                shape,
+                regs: regs.into_iter().filter_map(f).collect(),
+                lanes: self.lanes.map(|l| l.and_then(f)),
+                warps: self.warps.iter().map(|l| l.and_then(f)).collect(),
+            },
+            j,
+        ))
+    }
+
     /// Renames every coordinate bit through `f` (a bijection between the coordinate bits
     /// of `self.shape` and those of `shape`): permute, expand_dims, squeeze-like and
     /// power-of-two reshapes.
@@ -672,6 +700,30 @@ mod tests {
             + g.warps.iter().filter(|x| x.is_some()).count();
         assert_eq!(covered, 2 + 6);
     }
+    #[test]
+    fn a_split_half_holds_the_registers_of_its_half() {
+        let l = Blocked::default_for(&[16, 64], 4, 4).linear(&[16, 64]);
+        // The highest register bit of the row dim: rows `b` apart fall in different
+        // halves; each half is a [8, 64] tile whose rows skip bit `b`.
+        let cb = *l
+            .regs
+            .iter()
+            .filter(|c| c.0 == 0)
+            .max()
+            .expect("a row register bit");
+        let (h, j) = l.split_reg_bit(cb).expect("a register bit");
+        assert_eq!(h.shape, vec![8, 64]);
+        assert_eq!(h.num_regs() * 2, l.num_regs());
+        let squeeze = |row: u32| (row & ((1 << cb.1) - 1)) | ((row >> (cb.1 + 1)) << cb.1);
+        for r in 0..l.num_regs() {
+            let c = l.reg_coord(r);
+            assert_eq!((r >> j & 1) as u32, c[0] >> cb.1 & 1);
+            let k = (r & ((1 << j) - 1)) | ((r >> (j + 1)) << j);
+            assert_eq!(h.reg_coord(k), vec![squeeze(c[0]), c[1]]);
+        }
+        assert!(l.split_reg_bit((1, 7)).is_none(), "not a register bit");
+    }
+
     #[test]
     fn vector_bits_of_a_row_major_layout() {
         // 4 consecutive elements per thread along the last dim: 2 vector bits; a layout

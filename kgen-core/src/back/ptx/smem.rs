@@ -61,6 +61,33 @@ impl Allocator {
         let align = align.clamp(4, MAX_ALIGN).next_power_of_two();
         self.max_align = self.max_align.max(align);
         let bytes = bytes.max(1);
+        let offset = self.first_fit(bytes, align);
+        let id = BufId(self.bufs.len() as u32);
+        self.bufs.push(Buffer {
+            name: name.into(),
+            offset,
+            bytes,
+            live: true,
+        });
+        let end = offset.saturating_add(bytes);
+        if end > self.peak {
+            self.peak = end;
+            self.at_peak = self.live_ids();
+        }
+        id
+    }
+
+    /// Where a buffer of `bytes` allocated now would end (the live buffers stay put):
+    /// what a caller that can do with less checks against the target's limit first.
+    pub fn end_if_allocated(&self, bytes: u32, align: u32) -> u32 {
+        let align = align.clamp(4, MAX_ALIGN).next_power_of_two();
+        let bytes = bytes.max(1);
+        self.first_fit(bytes, align).saturating_add(bytes)
+    }
+
+    /// The lowest offset, a multiple of `align`, where `bytes` bytes overlap no live
+    /// buffer.
+    fn first_fit(&self, bytes: u32, align: u32) -> u32 {
         let mut live: Vec<(u32, u32)> = self
             .bufs
             .iter()
@@ -77,19 +104,7 @@ impl Allocator {
                 offset = hi.div_ceil(align).saturating_mul(align);
             }
         }
-        let id = BufId(self.bufs.len() as u32);
-        self.bufs.push(Buffer {
-            name: name.into(),
-            offset,
-            bytes,
-            live: true,
-        });
-        let end = offset.saturating_add(bytes);
-        if end > self.peak {
-            self.peak = end;
-            self.at_peak = self.live_ids();
-        }
-        id
+        offset
     }
 
     /// Ends the lifetime of `id`: later buffers may take its bytes.
@@ -203,6 +218,25 @@ mod tests {
             "after the loop, the ring's bytes are free"
         );
         assert_eq!(a.peak(), 3 * 8192 + 2048);
+    }
+
+    #[test]
+    fn end_if_allocated_is_where_alloc_puts_it() {
+        let mut a = Allocator::new();
+        let ring = a.alloc("ring", 3 * 8192, 1024);
+        let hole = a.alloc("hole", 100, 16);
+        let _top = a.alloc("top", 64, 16);
+        a.free(hole);
+        // Fits in the freed hole; does not; past everything.
+        for (bytes, align) in [(96, 16), (200, 16), (5000, 1024)] {
+            let end = a.end_if_allocated(bytes, align);
+            let peak = a.peak();
+            let id = a.alloc("probe", bytes, align);
+            assert_eq!(a.range(id).end, end, "{bytes} bytes");
+            assert!(!overlaps(&a.range(ring), &a.range(id)));
+            a.free(id);
+            assert!(a.peak() >= peak);
+        }
     }
 
     #[test]

@@ -91,3 +91,42 @@ kernel row<T: float = bf16, N: int = 20000, C: int = 16384>(x: tensor<T, 2, cont
         compile(&file, &opts(None, None, &[])).unwrap_or_else(|d| panic!("{}", d.render(&file)));
     assemble(&k.ptx, "sm_90a", "chunked");
 }
+
+/// A layout conversion whose buffer would not fit beside the shared memory alive around
+/// it (here a scratch buffer alive for the whole kernel; in a warp-specialized
+/// persistent kernel, the rings) goes through half the buffer twice instead of failing
+/// with E0801; its result is checked by the callers' GPU runs (docs/PERFORMANCE.md).
+#[test]
+fn a_conversion_short_of_shared_memory_goes_in_halves() {
+    let src = |slots: u32| {
+        format!(
+            r#"
+kernel big(a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: tensor<bf16, 2, contiguous>, y: tensor<f32, 2, contiguous>) {{
+    let keep = scratch({slots}, [8, 128], f32);
+    scratch_store(keep, 0, load(y, [0, 0], [8, 128]));
+    let mut acc = zeros([128, 256], f32);
+    for k in 0..cdiv(shape(a, 1), 64) {{
+        acc = dot(load(a, [0, k], [128, 64]), load(b, [k, 0], [64, 256]), acc);
+    }}
+    store(c, [0, 0], acc as bf16);
+    store(y, [1, 0], scratch_load(keep, 0) * 2.0);
+}}
+"#
+        )
+    };
+    let mut o = opts(Some(8), None, &[]);
+    o.num_stages = Some(1);
+    // 41 slots of 4 KiB and the epilogue's 66 KiB exchange exceed sm_90a's 227 KiB;
+    // 16 slots leave room for the whole exchange.
+    for (slots, halves) in [(41, true), (16, false)] {
+        let file = SourceFile::new("big.kg", src(slots));
+        let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+        assert_eq!(
+            k.ptx.contains("layout conversion in two halves"),
+            halves,
+            "{slots}"
+        );
+        assert!(k.launch.dynamic_shared_bytes <= Arch::Sm90a.target().max_shared_bytes_per_block);
+        assemble(&k.ptx, "sm_90a", "halves");
+    }
+}

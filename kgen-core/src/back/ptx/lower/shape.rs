@@ -103,7 +103,13 @@ impl Lowerer<'_> {
         let wvec = cap(layout::row_major_vector_bits(src));
         let rvec = cap(layout::weighted_vector_bits(dst, weights));
         let numel: u32 = src.shape.iter().product::<u32>().max(1);
-        let base = self.smem_begin(pad.index(numel as u64) as u32 * slot);
+        let bytes = pad.index(numel as u64) as u32 * slot;
+        if self.smem.end_if_allocated(bytes, 16) > self.target.max_shared_bytes_per_block {
+            if let Some(out) = self.remap_in_halves(regs, src, dst, weights, dt, span)? {
+                return Ok(out);
+            }
+        }
+        let base = self.smem_begin(bytes);
         self.smem_write_padded(regs, src, dt, base, slot, pad, wvec)?;
         self.smem_read_fence();
         // Read address: base + pad(sum(thread_d * w_d)) * slot.
@@ -140,6 +146,60 @@ impl Lowerer<'_> {
         }
         self.smem_end();
         Ok(out)
+    }
+
+    /// A layout conversion whose buffer would not fit beside the shared memory alive
+    /// now (a warp-specialized kernel's rings, alive across a persistent loop, beside its
+    /// epilogue's tile) goes through half the buffer twice: the halves where a coordinate
+    /// bit that both layouts hold in registers is 0, then 1 (each half may split
+    /// again). `None` when the map is not the identity or no such bit exists.
+    fn remap_in_halves(
+        &mut self,
+        regs: &[Reg],
+        src: &Linear,
+        dst: &Linear,
+        weights: &[u64],
+        dt: DType,
+        span: Span,
+    ) -> R<Option<Vec<Reg>>> {
+        if src.shape != dst.shape || weights != row_major_strides(&src.shape).as_slice() {
+            return Ok(None);
+        }
+        // The common register bit highest in the row-major order (rows stay whole).
+        let Some(&cb) = src
+            .regs
+            .iter()
+            .filter(|cb| dst.regs.contains(cb))
+            .max_by_key(|&&cb| Linear::linear_bit(&src.shape, cb))
+        else {
+            return Ok(None);
+        };
+        let (Some((s_half, js)), Some((d_half, jd))) =
+            (src.split_reg_bit(cb), dst.split_reg_bit(cb))
+        else {
+            return Ok(None);
+        };
+        self.comment("layout conversion in two halves (shared memory is short)");
+        let w = row_major_strides(&s_half.shape);
+        let mut out: Vec<Option<Reg>> = vec![None; dst.num_regs()];
+        for half in 0..2 {
+            let part: Vec<Reg> = (0..src.num_regs())
+                .filter(|r| r >> js & 1 == half)
+                .map(|r| regs.get(r).copied())
+                .collect::<Option<_>>()
+                .ok_or_else(|| unsupported(span, "layout remap out of range"))?;
+            let got = self.remap(&part, &s_half, &d_half, &w, dt, span)?;
+            for (k, r) in (0..dst.num_regs())
+                .filter(|r| r >> jd & 1 == half)
+                .enumerate()
+            {
+                out[r] = got.get(k).copied();
+            }
+        }
+        out.into_iter()
+            .collect::<Option<Vec<Reg>>>()
+            .map(Some)
+            .ok_or_else(|| unsupported(span, "layout remap out of range"))
     }
 
     /// `pad.index(i) * slot` for a register `i`: `(i + (i >> row_bits) * pad) * slot`.
