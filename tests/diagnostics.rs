@@ -203,8 +203,8 @@ fn tensor_core_shared_memory_limits_are_reported() {
     opts.num_stages = Some(4);
     assert!(compile(&gemm(128, 128, 32), &opts).is_ok());
     // A 200 KiB scratch buffer beside the dot: the pipeline keeps to what is left (one
-    // stage); the epilogue's layout conversion on top of the scratch does not fit, and the
-    // diagnostic lists what is alive at the peak.
+    // stage), and the epilogue's layout conversion, which does not fit whole on top of
+    // the scratch, goes through half its buffer twice.
     let file = SourceFile::new(
         "gemm_scratch.kg",
         "kernel g(a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: tensor<bf16, 2, contiguous>, x: tensor<f32, 1, contiguous>) {
@@ -221,6 +221,20 @@ fn tensor_core_shared_memory_limits_are_reported() {
     );
     let mut opts = CompileOptions::new(Arch::Sm90a);
     opts.num_warps = Some(8);
+    let k = compile(&file, &opts).unwrap_or_else(|e| panic!("{}", e.render(&file)));
+    assert!(k.ptx.contains("layout conversion in two halves"));
+    // A transpose (no halves: its map is not the identity) on top of the same scratch
+    // does not fit, and the diagnostic lists what is alive at the peak.
+    let file = SourceFile::new(
+        "transpose_scratch.kg",
+        "kernel g(x: tensor<f32, 2, contiguous>, y: tensor<f32, 2, contiguous>, z: tensor<f32, 1, contiguous>) {
+    let cache = scratch(25, [2048], f32);
+    scratch_store(cache, 0, load(z, [0], [2048]));
+    store(y, [0, 0], transpose(load(x, [0, 0], [64, 128])));
+    store(z, [0], scratch_load(cache, 0));
+}
+",
+    );
     let err = compile(&file, &opts).unwrap_err();
     let rendered = err.render(&file);
     assert_eq!(err.0[0].code, ErrorCode::TargetLimit, "{rendered}");
