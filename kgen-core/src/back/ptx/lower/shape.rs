@@ -7,7 +7,10 @@
 //! Guarantees: a conversion is free exactly when `layout::free_remap` says so; the
 //! shared-memory path writes the source at its padded row-major index and reads each
 //! destination element from the index given by the weights (or by division for a
-//! reshape that is not a bit relabeling), so any layout pair works.
+//! reshape that is not a bit relabeling), so any layout pair works. Consecutive
+//! row-major elements that one thread holds move as one vector (at most 16 bytes, never
+//! across a padded row); an identity conversion whose buffer would not fit beside the
+//! shared memory alive at it goes through half the buffer twice.
 //!
 //! `dot` is the plain lowering: A and B are staged in shared memory as f32 (or i32),
 //! and each thread runs a loop over k with one fma per accumulator element. Tensor
