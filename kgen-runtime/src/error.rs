@@ -104,9 +104,17 @@ pub enum RuntimeError {
     /// A copy between tensors or host buffers that do not match.
     #[error("bad copy: {0}")]
     Transfer(String),
-    /// The kernel did not compile (the rendered diagnostics).
-    #[error("the kernel did not compile:\n{0}")]
-    Compile(String),
+    /// The kernel did not compile: the compiler's diagnostics (codes, spans, help), kept
+    /// whole so a caller can act on them (`diagnostics.0[0].code`), and their text
+    /// rendered against the source.
+    #[error("the kernel did not compile:\n{rendered}")]
+    Compile {
+        diagnostics: kgen_core::Diagnostics,
+        rendered: String,
+    },
+    /// A bundled kernel's source file is not in this build.
+    #[error("no bundled kernel file kernels-src/{0}.kg")]
+    NoSource(String),
     /// The interpreter backend failed (an out-of-range access it caught, ...).
     #[error("interpreter: {0}")]
     Interpreter(String),
@@ -118,6 +126,17 @@ pub enum RuntimeError {
     /// staged upload).
     #[error("CUDA graph: {0}")]
     Graph(String),
+}
+
+impl RuntimeError {
+    /// A compile failure: `diagnostics` kept whole beside their rendering against `file`.
+    pub fn compile(diagnostics: kgen_core::Diagnostics, file: &kgen_core::SourceFile) -> Self {
+        let rendered = diagnostics.render(file);
+        RuntimeError::Compile {
+            diagnostics,
+            rendered,
+        }
+    }
 }
 
 fn fmt_log(log: &str) -> String {

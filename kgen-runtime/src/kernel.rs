@@ -161,7 +161,7 @@ pub(crate) fn get_or_build(
         cache.memory_hits.fetch_add(1, Ordering::Relaxed);
         return Ok(k);
     }
-    let render = |d: kgen_core::Diagnostics| RuntimeError::Compile(d.render(file));
+    let render = |d: kgen_core::Diagnostics| RuntimeError::compile(d, file);
     let build = || -> Result<CompiledKernel, RuntimeError> {
         cache.compiles.fetch_add(1, Ordering::Relaxed);
         kgen_core::compile(file, &opts).map_err(render)

@@ -383,7 +383,25 @@ fn every_argument_error_is_typed() {
         "kernel k(x: tensor<f32, 1>) { store(x, [0], y); }",
     );
     match d.kernel(&bad, &CompileOptions::new(d.arch())) {
-        Err(RuntimeError::Compile(text)) => assert!(text.contains("bad.kg:1:"), "{text}"),
+        Err(RuntimeError::Compile {
+            diagnostics,
+            rendered,
+        }) => {
+            assert!(rendered.contains("bad.kg:1:"), "{rendered}");
+            // The diagnostics stay typed: the undefined name's code, labelled at `y`.
+            let first = &diagnostics.0[0];
+            assert_eq!(first.code, kgen_core::diag::ErrorCode::UndefinedName);
+            let at = first
+                .labels
+                .iter()
+                .find(|l| l.primary)
+                .expect("a primary label");
+            assert_eq!(
+                &bad.text[at.span.start as usize..at.span.end as usize],
+                "y",
+                "{first:?}"
+            );
+        }
         other => panic!("{other:?}"),
     }
 }

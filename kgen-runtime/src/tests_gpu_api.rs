@@ -630,7 +630,7 @@ fn gpu_cluster_kernel_matches_the_interpreter() {
     if !gpu.arch().target().caps.clusters {
         assert!(matches!(
             run_row_max(&gpu, rows, cols),
-            Err(RuntimeError::Compile(_))
+            Err(RuntimeError::Compile { .. })
         ));
         return;
     }

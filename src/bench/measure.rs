@@ -756,7 +756,7 @@ fn jit_breakdown(ordinal: usize) -> Result<JitBreakdown, OpError> {
     opts.num_warps = Some(crate::ops::norm::default_fwd_warps(4096));
     let t = Instant::now();
     let mut compiled = kgen_core::compile(&file, &opts)
-        .map_err(|d| OpError::Runtime(kgen_runtime::RuntimeError::Compile(d.render(&file))))?;
+        .map_err(|d| OpError::Runtime(kgen_runtime::RuntimeError::compile(d, &file)))?;
     let kgen_compile_ms = t.elapsed().as_secs_f64() * 1e3;
     let gpu = dev.gpu().ok_or_else(|| {
         OpError::Runtime(kgen_runtime::RuntimeError::LaunchConfig("not a GPU".into()))

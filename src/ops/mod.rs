@@ -351,11 +351,8 @@ impl Ops {
                 }
             }
         }
-        let text = crate::bundled::source(stem).ok_or_else(|| {
-            OpError::Runtime(RuntimeError::Compile(format!(
-                "no bundled kernel file kernels-src/{stem}.kg"
-            )))
-        })?;
+        let text = crate::bundled::source(stem)
+            .ok_or_else(|| OpError::Runtime(RuntimeError::NoSource(stem.to_string())))?;
         let file = SourceFile::new(format!("kernels-src/{stem}.kg"), text);
         let mut opts = CompileOptions::new(self.device.arch()).kernel(name);
         for (k, v) in defines {
