@@ -73,20 +73,28 @@ pub fn compile_to_ir(
     file: &SourceFile,
     opts: &CompileOptions,
 ) -> Result<(ir::Function, crate::abi::Specialization), Diagnostics> {
+    validated_ir(file, opts).map(|(func, spec, _)| (func, spec))
+}
+
+/// [`compile_to_ir`] with the validator's facts, which the back end reads instead of
+/// deriving them again (validation runs once per compile).
+fn validated_ir(
+    file: &SourceFile,
+    opts: &CompileOptions,
+) -> Result<(ir::Function, crate::abi::Specialization, valid::ModuleInfo), Diagnostics> {
     let module = front::parse(file)?;
     let (mut func, spec) = check::lower_kernel(&module, opts)?;
     passes::optimize(
         &mut func,
         &passes::PassOptions::for_target(&spec, &opts.arch.target()),
     )?;
-    valid::validate(&func)?;
-    Ok((func, spec))
+    let info = valid::validate(&func)?;
+    Ok((func, spec, info))
 }
 
 /// Source text to PTX for one specialization.
 pub fn compile(file: &SourceFile, opts: &CompileOptions) -> Result<CompiledKernel, Diagnostics> {
-    let (func, spec) = compile_to_ir(file, opts)?;
-    let info = valid::validate(&func)?;
+    let (func, spec, info) = validated_ir(file, opts)?;
     let target = opts.arch.target();
     back::ptx::write(&func, &info, &target, &spec)
 }

@@ -116,7 +116,7 @@ pub fn write(
     let est = assign::estimate_registers(func, &asg);
 
     let tma = tma::plan(func, target, spec);
-    let (mut abi, loads) = build_abi(func, spec);
+    let (mut abi, loads) = build_abi(func, info);
     for m in &tma.maps {
         abi.params.push(AbiParam {
             ptx_name: m.ptx_name.clone(),
@@ -280,7 +280,7 @@ pub fn write(
         threads_per_block: threads,
         static_shared_bytes: cluster_bytes + if dynamic { 0 } else { lowered.smem_bytes },
         dynamic_shared_bytes: if dynamic { lowered.smem_bytes } else { 0 },
-        grid_rank: grid_rank(func, &func.body).max(1),
+        grid_rank: info.grid_rank.max(1),
         cluster_size: info.cluster_size.unwrap_or(1),
         programmatic_dependency: target.caps.grid_dependency && waits_on_grid(func, &func.body),
     };
@@ -328,12 +328,10 @@ fn scalar_param_type(dt: DType) -> (&'static str, u32) {
     }
 }
 
-/// The kernel ABI and how the prologue reads each parameter.
-fn build_abi(func: &Function, spec: &Specialization) -> (KernelAbi, Vec<ParamLoad>) {
-    let _ = spec;
-    let mut read = vec![false; func.params.len()];
-    let mut written = vec![false; func.params.len()];
-    access_flags(func, &func.body, &mut read, &mut written);
+/// The kernel ABI and how the prologue reads each parameter (which tensors are read
+/// and written: the validator's `ModuleInfo::tensor_access`).
+fn build_abi(func: &Function, info: &ModuleInfo) -> (KernelAbi, Vec<ParamLoad>) {
+    let access = |i: usize| info.tensor_access.get(i).copied().unwrap_or((true, true));
     let mut abi = KernelAbi::default();
     let mut loads = Vec::new();
     for (i, p) in func.params.iter().enumerate() {
@@ -346,8 +344,8 @@ fn build_abi(func: &Function, spec: &Specialization) -> (KernelAbi, Vec<ParamLoa
                     dims: t.dims.clone(),
                     contiguous: t.contiguous,
                     align_bytes: t.align_bytes,
-                    written: written[i],
-                    read: read[i],
+                    written: access(i).1,
+                    read: access(i).0,
                 });
                 let ptr = format!("p_{}_ptr", p.name);
                 abi.params.push(AbiParam {
@@ -415,44 +413,6 @@ fn build_abi(func: &Function, spec: &Specialization) -> (KernelAbi, Vec<ParamLoa
     (abi, loads)
 }
 
-fn access_flags(func: &Function, b: &Block, read: &mut [bool], written: &mut [bool]) {
-    for &i in &b.insts {
-        match &func.insts[i].op {
-            Op::Load { tensor, .. }
-            | Op::Gather { tensor, .. }
-            | Op::ScratchFetch { tensor, .. }
-            | Op::ScratchGather { tensor, .. } => {
-                if let Some(r) = read.get_mut(*tensor as usize) {
-                    *r = true;
-                }
-            }
-            Op::Store { tensor, .. } | Op::Scatter { tensor, .. } => {
-                if let Some(w) = written.get_mut(*tensor as usize) {
-                    *w = true;
-                }
-            }
-            Op::AtomicAdd { tensor, .. } => {
-                if let Some(r) = read.get_mut(*tensor as usize) {
-                    *r = true;
-                }
-                if let Some(w) = written.get_mut(*tensor as usize) {
-                    *w = true;
-                }
-            }
-            Op::For { body, .. } => access_flags(func, body, read, written),
-            Op::If {
-                then_body,
-                else_body,
-                ..
-            } => {
-                access_flags(func, then_body, read, written);
-                access_flags(func, else_body, read, written);
-            }
-            _ => {}
-        }
-    }
-}
-
 /// Whether the kernel calls `gdc_wait()` (then it may be launched as a programmatic
 /// dependent of the kernel before it).
 fn waits_on_grid(func: &Function, b: &Block) -> bool {
@@ -466,21 +426,4 @@ fn waits_on_grid(func: &Function, b: &Block) -> bool {
         } => waits_on_grid(func, then_body) || waits_on_grid(func, else_body),
         _ => false,
     })
-}
-
-fn grid_rank(func: &Function, b: &Block) -> u8 {
-    let mut r = 0u8;
-    for &i in &b.insts {
-        r = r.max(match &func.insts[i].op {
-            Op::ProgramId(a) | Op::NumPrograms(a) => a.saturating_add(1),
-            Op::For { body, .. } => grid_rank(func, body),
-            Op::If {
-                then_body,
-                else_body,
-                ..
-            } => grid_rank(func, then_body).max(grid_rank(func, else_body)),
-            _ => 0,
-        });
-    }
-    r
 }
