@@ -73,28 +73,42 @@ pub fn compile_to_ir(
     file: &SourceFile,
     opts: &CompileOptions,
 ) -> Result<(ir::Function, crate::abi::Specialization), Diagnostics> {
-    validated_ir(file, opts).map(|(func, spec, _)| (func, spec))
+    validated_ir(file, opts, true).map(|(func, spec, _)| (func, spec))
 }
 
 /// [`compile_to_ir`] with the validator's facts, which the back end reads instead of
 /// deriving them again (validation runs once per compile).
+/// `cross_round: false` keeps every pipelined loop's prologue in its round
+/// (`passes/cross_round.rs`).
 fn validated_ir(
     file: &SourceFile,
     opts: &CompileOptions,
+    cross_round: bool,
 ) -> Result<(ir::Function, crate::abi::Specialization, valid::ModuleInfo), Diagnostics> {
     let module = front::parse(file)?;
     let (mut func, spec) = check::lower_kernel(&module, opts)?;
-    passes::optimize(
-        &mut func,
-        &passes::PassOptions::for_target(&spec, &opts.arch.target()),
-    )?;
+    let mut passes = passes::PassOptions::for_target(&spec, &opts.arch.target());
+    if let Some(p) = &mut passes.pipeline {
+        p.cross_round &= cross_round;
+    }
+    passes::optimize(&mut func, &passes)?;
     let info = valid::validate(&func)?;
     Ok((func, spec, info))
 }
 
 /// Source text to PTX for one specialization.
 pub fn compile(file: &SourceFile, opts: &CompileOptions) -> Result<CompiledKernel, Diagnostics> {
-    let (func, spec, info) = validated_ir(file, opts)?;
+    let (func, spec, info) = validated_ir(file, opts, true)?;
     let target = opts.arch.target();
-    back::ptx::write(&func, &info, &target, &spec)
+    match back::ptx::write(&func, &info, &target, &spec) {
+        // A persistent loop's ring kept alive across its rounds (`passes/cross_round.rs`)
+        // no longer shares its bytes with the epilogue; where that leaves too little
+        // shared memory or too few registers, the kernel is compiled again with each
+        // round's prologue in its round (an error then is the plain form's own).
+        Err(_) => {
+            let (func, spec, info) = validated_ir(file, opts, false)?;
+            back::ptx::write(&func, &info, &target, &spec)
+        }
+        ok => ok,
+    }
 }

@@ -18,8 +18,12 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         v.push(gram_case(seed, k, mp, n, bm, epi, norm));
     }
     for &(k, mp, n, norm) in &[(1usize, 128usize, 7usize, false), (2, 128, 300, true)] {
-        v.push(update_case(seed, k, mp, n, norm));
+        v.push(update_case(seed, k, mp, n, norm, None));
     }
+    // Persistent: blocks walking tiles across matrices (12 tiles on 5 blocks, 4 on 3),
+    // the ring alive across them (passes/cross_round.rs).
+    v.push(update_case(seed, 3, 256, 300, true, Some(5)));
+    v.push(update_case(seed, 2, 128, 257, false, Some(3)));
     // Memory-bound kernels: (matrices, rows, cols, source dtype, momentum, Nesterov).
     for &(k, r, c, s, mom, nest) in &[
         (1usize, 7usize, 5usize, DType::F32, false, false),
@@ -38,7 +42,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     }
     if sizes == SizeSet::Full {
         v.push(gram_case(seed, 3, 256, 1000, 128, true, true));
-        v.push(update_case(seed, 3, 256, 1000, true));
+        v.push(update_case(seed, 3, 256, 1000, true, None));
         v.push(prep_case(seed, 2, 1000, 300, DType::F32, true, true));
         v.push(emit_case(seed, 2, 1000, 300, true));
     }
@@ -151,9 +155,22 @@ pub fn gram_case(seed: u64, k: usize, mp: usize, n: usize, bm: u32, epi: bool, n
     }
 }
 
-/// `ns_update` on k matrices: out = s bm x, bm `[mp, mp]`, x `[mp, n]`.
-pub fn update_case(seed: u64, k: usize, mp: usize, n: usize, norm: bool) -> Case {
-    let label = format!("ns_update k={k} mp={mp} n={n} NORM={norm}");
+/// `ns_update` on k matrices: out = s bm x, bm `[mp, mp]`, x `[mp, n]`; `persistent`:
+/// `PERSISTENT` on that many blocks.
+pub fn update_case(
+    seed: u64,
+    k: usize,
+    mp: usize,
+    n: usize,
+    norm: bool,
+    persistent: Option<usize>,
+) -> Case {
+    let label = format!(
+        "ns_update k={k} mp={mp} n={n} NORM={norm}{}",
+        persistent
+            .map(|b| format!(" persistent on {b} blocks"))
+            .unwrap_or_default()
+    );
     let mut rng = Rng::for_case(seed, &label);
     let bm = random_tensor(&mut rng, DType::BF16, &[k * mp, mp], |r| {
         r.normalish() * 0.1
@@ -169,12 +186,15 @@ pub fn update_case(seed: u64, k: usize, mp: usize, n: usize, norm: bool) -> Case
         f32_arg(eps),
     ];
     // The default tile (128 x 256) and BK 64 divide mp = 128 or 256.
-    let grid = k * (mp / 128) * n.div_ceil(256);
+    let grid = persistent.unwrap_or(k * (mp / 128) * n.div_ceil(256));
     Case {
         kernel: "ns",
         kernel_name: Some("ns_update"),
         label,
-        defines: defines(&[("NORM", norm.to_string())]),
+        defines: defines(&[
+            ("NORM", norm.to_string()),
+            ("PERSISTENT", persistent.is_some().to_string()),
+        ]),
         tensor_align: aligns(&["bm", "x", "out", "part", "eps"], &args),
         grid: [grid as u32, 1, 1],
         args,

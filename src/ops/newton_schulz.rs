@@ -404,6 +404,7 @@ impl Ops {
                     ("BN", c.bn.to_string()),
                     ("BK", c.bk.to_string()),
                     ("NORM", norm.is_some().to_string()),
+                    ("PERSISTENT", c.persistent.to_string()),
                 ]
             },
             |c| k * (mp / c.bm as usize) * np.div_ceil(c.bn as usize),
@@ -411,7 +412,8 @@ impl Ops {
     }
 
     /// One product of `kernels-src/ns.kg` through the tuner: candidate `c` compiled with
-    /// `defines(c)`, launched on `blocks(c)` blocks.
+    /// `defines(c)`, launched on `blocks(c)` blocks (its tiles), or with `c.persistent` on
+    /// as many as the GPU holds at once, at most the tiles.
     #[allow(clippy::too_many_arguments)]
     fn ns_product(
         &self,
@@ -439,7 +441,13 @@ impl Ops {
                     Some(c.stages),
                     args,
                 )?;
-                let grid = u32::try_from(blocks(c))
+                let tiles = blocks(c);
+                let tiles = if c.persistent {
+                    tiles.min((self.sm_count() * super::gemm::resident_blocks(&kern)).max(1))
+                } else {
+                    tiles
+                };
+                let grid = u32::try_from(tiles)
                     .map_err(|_| shape_err("newton_schulz", "too many tiles"))?;
                 Ok((kern, [grid, 1, 1]))
             },
@@ -495,6 +503,9 @@ pub struct NsConfig {
     pub stages: u32,
     /// Compiled so that this many blocks fit on one SM (registers capped).
     pub min_blocks: Option<u32>,
+    /// `ns_update` only: each block walks tiles `num_bids(0)` apart, its ring alive
+    /// across them (`PERSISTENT`, launched on the blocks the GPU holds at once).
+    pub persistent: bool,
 }
 
 impl NsConfig {
@@ -508,8 +519,8 @@ impl NsConfig {
             self.stages,
             self.min_blocks
                 .map(|b| format!(" b{b}"))
-                .unwrap_or_default()
-        )
+                .unwrap_or_default(),
+        ) + if self.persistent { " persistent" } else { "" }
     }
 }
 
@@ -521,6 +532,7 @@ const fn cfg(bm: u32, bn: u32, bk: u32, warps: u32, stages: u32) -> NsConfig {
         warps,
         stages,
         min_blocks: None,
+        persistent: false,
     }
 }
 
@@ -556,7 +568,8 @@ pub fn gram_candidates(arch: kgen_core::Arch) -> Vec<NsConfig> {
 /// targets, 4 stages of 128 x 256 only on sm_90a, whose shared memory holds them). Two
 /// 128 x 128 blocks per SM spill 20-24 bytes on sm_80 (`mma.sync` fragments in
 /// registers; `tests/no_spills.rs` assembles every request for both targets): not
-/// offered.
+/// offered. On sm_90a the 128 x 256 x 64 tile also runs persistent (its TMA ring alive
+/// across tiles: GPT-2's 24 x 768 x 3072 batch 172-175 -> 164-165 us on an H100).
 pub fn update_candidates(arch: kgen_core::Arch) -> Vec<NsConfig> {
     let mut v = vec![
         cfg(128, 256, 64, 8, 3),
@@ -564,7 +577,12 @@ pub fn update_candidates(arch: kgen_core::Arch) -> Vec<NsConfig> {
         cfg(128, 128, 64, 8, 4),
         cfg(64, 128, 64, 4, 4),
     ];
-    if arch != kgen_core::Arch::Sm90a {
+    if arch == kgen_core::Arch::Sm90a {
+        v.push(NsConfig {
+            persistent: true,
+            ..cfg(128, 256, 64, 8, 4)
+        });
+    } else {
         // 4 stages of 128 x 256 x 64 (192 KiB) exceed sm_80's shared memory.
         v.remove(1);
     }
@@ -651,13 +669,22 @@ mod tests {
                         .define("BM", c.bm)
                         .define("BK", c.bk);
                     if kernel == "ns_update" {
-                        o = o.define("BN", c.bn);
+                        o = o.define("BN", c.bn).define("PERSISTENT", c.persistent);
                     }
                     o.num_warps = Some(c.warps);
                     o.min_blocks_per_sm = c.min_blocks;
                     o.num_stages = Some(c.stages);
-                    if let Err(d) = compile(&src, &o) {
-                        panic!("{kernel} {} on {arch}:\n{}", c.label(), d.render(&src));
+                    match compile(&src, &o) {
+                        Err(d) => panic!("{kernel} {} on {arch}:\n{}", c.label(), d.render(&src)),
+                        // A persistent update keeps its ring across tiles: its mbarriers
+                        // are initialized once, before the loop over tiles.
+                        Ok(k) if c.persistent => {
+                            assert!(k.ptx.contains("%nctaid.x"), "{}", c.label());
+                            let init = k.ptx.find("mbarrier.init").expect("a TMA ring");
+                            let first_loop = k.ptx.find("$L1:").expect("a loop");
+                            assert!(init < first_loop, "{}: init inside the loop", c.label());
+                        }
+                        Ok(_) => {}
                     }
                 }
             }

@@ -7,11 +7,14 @@
 //!    memory instead of registers.
 //! 4. `pipeline` (likewise): the loads that feed
 //!    tensor-core `dot`s in loops become fetches into staged shared buffers, `num_stages`
-//!    deep, in the shared memory `resident` left; then `cse` and `dce` again (the loads'
-//!    index arithmetic is left unused).
+//!    deep, in the shared memory `resident` left (with `cross_round`: a pipelined loop in
+//!    a persistent loop keeps its ring across the rounds, each round's first tiles
+//!    fetched at the end of the previous round); then `cse` and `dce` again (the loads' index arithmetic is left
+//!    unused).
 //!
 //! Each pass keeps every invariant of `ir/mod.rs` (the pipeline validates after them).
 
+mod cross_round;
 mod cse;
 mod dce;
 pub mod pipeline;
@@ -42,6 +45,8 @@ impl PassOptions {
                 target_name: target.arch.name(),
                 full_shared_bytes: target.max_shared_bytes_per_block,
                 wgmma: target.caps.wgmma,
+                // A warp-specialized kernel's producer already runs ahead across rounds.
+                cross_round: !spec.ws,
             }),
         }
     }

@@ -52,6 +52,7 @@
 //! buffers exceed the target's shared memory is a located `TargetLimit` diagnostic; the
 //! default (3) is lowered until they fit.
 
+use super::cross_round::{self, Pipelined};
 use crate::back::ptx::mma_layout::MmaKind;
 use crate::diag::{Diagnostic, Diagnostics, ErrorCode};
 use crate::ir::{
@@ -86,6 +87,10 @@ pub struct PipelineOptions {
     /// it (`mma_layout::wgmma_grid`) and accumulates in place (its accumulator is the
     /// carried value, its result only yielded) gets a lag of 1 (module docs).
     pub wgmma: bool,
+    /// A pipelined loop nested in another `for` (a persistent loop over tiles) keeps its
+    /// ring across the rounds: each round's prologue is issued at the end of the previous
+    /// round (`passes/cross_round.rs`).
+    pub cross_round: bool,
 }
 
 /// Pipelines every qualifying loop of `func` (inner loops first).
@@ -94,7 +99,7 @@ pub fn run(func: &mut Function, opts: &PipelineOptions) -> Result<(), Diagnostic
     let body = std::mem::take(&mut func.body);
     let r = visit_block(func, body, &written, opts);
     match r {
-        Ok(b) => {
+        Ok((b, _)) => {
             func.body = b;
             Ok(())
         }
@@ -105,7 +110,8 @@ pub fn run(func: &mut Function, opts: &PipelineOptions) -> Result<(), Diagnostic
     }
 }
 
-type Visit = Result<Block, (Block, Diagnostics)>;
+/// The block, and the loops pipelined at its top level; or the block and the error.
+type Visit = Result<(Block, Vec<Pipelined>), (Block, Diagnostics)>;
 
 fn visit_block(
     func: &mut Function,
@@ -114,14 +120,19 @@ fn visit_block(
     o: &PipelineOptions,
 ) -> Visit {
     let mut k = 0;
+    let mut done = Vec::new();
     while k < block.insts.len() {
         let id = block.insts[k];
         // Inner regions first.
         let mut op = func.insts[id].op.clone();
         let mut err = None;
+        let mut inner = Vec::new();
         match &mut op {
             Op::For { body, .. } => match visit_block(func, std::mem::take(body), written, o) {
-                Ok(b) => *body = b,
+                Ok((b, p)) => {
+                    *body = b;
+                    inner = p;
+                }
                 Err((b, e)) => {
                     *body = b;
                     err = Some(e);
@@ -134,7 +145,7 @@ fn visit_block(
             } => {
                 for b in [then_body, else_body] {
                     match visit_block(func, std::mem::take(b), written, o) {
-                        Ok(nb) => *b = nb,
+                        Ok((nb, _)) => *b = nb,
                         Err((nb, e)) => {
                             *b = nb;
                             err = Some(e);
@@ -149,20 +160,29 @@ fn visit_block(
             return Err((block, e));
         }
         if matches!(func.insts[id].op, Op::For { .. }) {
-            match pipeline_loop(func, id, written, o) {
+            let around = match pipeline_loop(func, id, written, o) {
                 Ok(Some((before, after))) => {
-                    let n = before.len();
-                    block.insts.splice(k..k, before);
-                    k += n;
-                    block.insts.splice(k + 1..k + 1, after);
+                    done.push(Pipelined {
+                        before: before.clone(),
+                        for_id: id,
+                        after: after.clone(),
+                    });
+                    Some((before, after))
                 }
-                Ok(None) => {}
+                Ok(None) if o.cross_round => cross_round::run(func, id, &inner),
+                Ok(None) => None,
                 Err(e) => return Err((block, e)),
+            };
+            if let Some((before, after)) = around {
+                let n = before.len();
+                block.insts.splice(k..k, before);
+                k += n;
+                block.insts.splice(k + 1..k + 1, after);
             }
         }
         k += 1;
     }
-    Ok(block)
+    Ok((block, done))
 }
 
 /// Tensors the kernel writes (stores, scatters, atomics), anywhere.
@@ -487,7 +507,7 @@ fn collect_insts(func: &Function, block: &Block, out: &mut Vec<InstId>) {
 }
 
 /// Every value defined in `block` and its regions.
-fn collect_defs(func: &Function, block: &Block, out: &mut Vec<ValueId>) {
+pub(super) fn collect_defs(func: &Function, block: &Block, out: &mut Vec<ValueId>) {
     for &i in &block.insts {
         out.extend(func.insts[i].results.iter().copied());
         for r in crate::ir::regions(&func.insts[i].op) {
@@ -529,7 +549,7 @@ fn use_count(func: &Function, block: &Block, v: ValueId) -> usize {
 /// Whether `v` can be recomputed for another iteration at the top of the body: the
 /// induction variable, a value from outside the loop, or a constant / element-wise /
 /// shape op of the body's top level over such values.
-fn computable(
+pub(super) fn computable(
     func: &Function,
     v: ValueId,
     iv: ValueId,
@@ -853,7 +873,7 @@ fn rewrite(
 /// `v` recomputed with the induction variable `iv` replaced by `it` (a value available at
 /// the insertion point): values from outside the body are used as they are; the body's
 /// constant / element-wise / shape ops over `iv` are cloned into `blk`.
-fn clone_chain(
+pub(super) fn clone_chain(
     b: &mut Builder,
     blk: &mut Block,
     v: ValueId,

@@ -87,3 +87,82 @@ fn cse_merges_and_dce_removes() {
     assert!(!text.contains("sub"), "{text}");
     assert!(text.contains("add %2, %2"), "{text}");
 }
+
+/// A persistent GEMM; `FIX` adds a runtime `if` to its tile index.
+fn persistent_src(fix: bool) -> String {
+    let (m, fix) = if fix {
+        ("mut ", "if t >= tiles { t = 0; }")
+    } else {
+        ("", "")
+    };
+    format!(
+        r#"
+kernel pmm<BM: int = 128, BN: int = 128, BK: int = 64>(
+    a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: tensor<bf16, 2, contiguous>,
+) {{
+    let tiles_n = cdiv(shape(c, 1), BN);
+    let tiles = cdiv(shape(c, 0), BM) * tiles_n;
+    for i in 0..cdiv(tiles - bid(0), num_bids(0)) {{
+        let {m}t = bid(0) + i * num_bids(0);
+        {fix}
+        let mut acc = zeros([BM, BN], f32);
+        for k in 0..cdiv(shape(a, 1), BK) {{
+            acc = dot(load(a, [t / tiles_n, k], [BM, BK]), load(b, [k, t % tiles_n], [BK, BN]), acc);
+        }}
+        store(c, [t / tiles_n, t % tiles_n], acc as bf16);
+    }}
+}}
+"#
+    )
+}
+
+/// Where the fetches of a persistent GEMM's ring sit: (before the outer loop, in its
+/// body before the inner loop, in its body after the inner loop), and whether a drain
+/// follows the outer loop.
+fn fetch_places(fix: bool, arch: crate::target::Arch, ws: bool) -> (usize, usize, usize, bool) {
+    let src = persistent_src(fix);
+    let file = crate::span::SourceFile::new("pmm.kg", &src);
+    let mut o = crate::pipeline::CompileOptions::new(arch);
+    o.num_warps = Some(8);
+    o.num_stages = Some(4);
+    o.ws = ws;
+    let (f, _) =
+        crate::pipeline::compile_to_ir(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    let is_fetch = |i: &crate::ir::InstId| matches!(f.insts[*i].op, Op::ScratchFetch { .. });
+    let top = &f.body.insts;
+    let outer = top
+        .iter()
+        .position(|&i| matches!(f.insts[i].op, Op::For { .. }))
+        .expect("the outer loop");
+    let Op::For { body, .. } = &f.insts[top[outer]].op else {
+        unreachable!()
+    };
+    let inner = body
+        .insts
+        .iter()
+        .position(|&i| matches!(f.insts[i].op, Op::For { .. }))
+        .expect("the inner loop");
+    let drained = top[outer + 1..]
+        .iter()
+        .any(|&i| matches!(f.insts[i].op, Op::ScratchWait { pending: 0 }));
+    (
+        top[..outer].iter().filter(|i| is_fetch(i)).count(),
+        body.insts[..inner].iter().filter(|i| is_fetch(i)).count(),
+        body.insts[inner..].iter().filter(|i| is_fetch(i)).count(),
+        drained,
+    )
+}
+
+/// `passes/cross_round.rs`: the inner loop's prologue (2 iterations of 2 tiles with a
+/// wgmma lag at 4 stages on sm_90a, 3 on sm_80) is fetched before the outer loop and,
+/// for the next round, at the end of the round (after the inner loop); not when the tile
+/// index goes through a runtime `if`, nor in a warp-specialized kernel (its producer
+/// runs ahead itself).
+#[test]
+fn a_persistent_loop_prefetches_its_next_round() {
+    use crate::target::Arch;
+    assert_eq!(fetch_places(false, Arch::Sm90a, false), (4, 0, 4, true));
+    assert_eq!(fetch_places(false, Arch::Sm80, false), (6, 0, 6, true));
+    assert_eq!(fetch_places(true, Arch::Sm90a, false), (0, 4, 0, false));
+    assert_eq!(fetch_places(false, Arch::Sm90a, true), (0, 4, 0, false));
+}
