@@ -16,10 +16,10 @@
 //! target in eight is `ignore_index`. A fresh batch every step, so the loss going down
 //! means the model learns the teacher, not the batch.
 
-use crate::cases::Rng;
 use crate::ops::gemm::Activation;
 use crate::ops::{OpError, Ops};
 use crate::optim::{AdamW, MuonGroup, MuonWithAdamW, ParamGroup};
+use crate::rng::Rng;
 use kgen_core::types::DType;
 use kgen_runtime::{Device, Tensor};
 

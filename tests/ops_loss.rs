@@ -16,7 +16,7 @@ const IGNORE: i64 = kgen::ops::loss::DEFAULT_IGNORE_INDEX;
 #[test]
 fn gpu_checks_pass_on_the_interpreter() {
     let d = Device::interpreter();
-    let all = kgen::ops::checks::loss::gpu_checks(&d);
+    let all = kgen::checks::ops::loss::gpu_checks(&d);
     for (label, r) in &all {
         eprintln!("{label}: {r:?}");
     }
@@ -30,7 +30,7 @@ fn gpu_checks_pass_on_the_interpreter() {
 #[ignore = "needs a GPU"]
 fn gpu_checks_pass_on_the_gpu() {
     let d = Device::cuda(0).expect("a CUDA device");
-    for (label, r) in kgen::ops::checks::loss::gpu_checks(&d) {
+    for (label, r) in kgen::checks::ops::loss::gpu_checks(&d) {
         println!("{label}: {r:?}");
         assert!(r.is_ok(), "{label}: {r:?}");
     }

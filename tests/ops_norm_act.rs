@@ -13,9 +13,9 @@ use kgen::runtime::Device;
 fn gpu_checks_pass_on_the_interpreter() {
     let d = Device::interpreter();
     let mut all = Vec::new();
-    all.extend(kgen::ops::checks::norm::gpu_checks(&d));
-    all.extend(kgen::ops::checks::act::gpu_checks(&d));
-    all.extend(kgen::ops::checks::rope::gpu_checks(&d));
+    all.extend(kgen::checks::ops::norm::gpu_checks(&d));
+    all.extend(kgen::checks::ops::act::gpu_checks(&d));
+    all.extend(kgen::checks::ops::rope::gpu_checks(&d));
     for (label, r) in &all {
         eprintln!("{label}: {r:?}");
     }
@@ -30,9 +30,9 @@ fn gpu_checks_pass_on_the_interpreter() {
 fn gpu_checks_pass_on_the_gpu() {
     let d = Device::cuda(0).expect("a CUDA device");
     let mut all = Vec::new();
-    all.extend(kgen::ops::checks::norm::gpu_checks(&d));
-    all.extend(kgen::ops::checks::act::gpu_checks(&d));
-    all.extend(kgen::ops::checks::rope::gpu_checks(&d));
+    all.extend(kgen::checks::ops::norm::gpu_checks(&d));
+    all.extend(kgen::checks::ops::act::gpu_checks(&d));
+    all.extend(kgen::checks::ops::rope::gpu_checks(&d));
     for (label, r) in &all {
         println!("{label}: {r:?}");
     }

@@ -13,7 +13,7 @@ use std::time::Instant;
 #[test]
 fn gpu_checks_pass_on_the_interpreter() {
     let t0 = Instant::now();
-    let results = kgen::optim::checks::gpu_checks(&Device::interpreter());
+    let results = kgen::checks::optim::gpu_checks(&Device::interpreter());
     assert!(results.len() >= 8);
     for (label, r) in &results {
         eprintln!("{label}: {r:?}");
@@ -87,7 +87,7 @@ fn gpu_checks_and_timings() {
         Err(e) => panic!("no GPU: {e}"),
     };
     eprintln!("{}", device.describe());
-    let results = kgen::optim::checks::gpu_checks(&device);
+    let results = kgen::checks::optim::gpu_checks(&device);
     for (label, r) in &results {
         eprintln!("{label}: {r:?}");
     }

@@ -15,9 +15,9 @@
 //! is where allocations, copies and the flush memset are ordered.
 
 use super::{Kind, Measured};
-use crate::cases::Rng;
 use crate::ops::{KernelArgs, OpError, Ops};
 use crate::optim::{AdamW, GradStats, GradStatsLaunch, ParamGroup};
+use crate::rng::Rng;
 use cudarc::driver::{sys, CudaStream};
 use kgen_core::types::DType;
 use kgen_core::{front, Arch, CompileOptions, SourceFile};

@@ -29,7 +29,7 @@ pub mod ns;
 pub mod optim;
 pub mod relu;
 pub mod rmsnorm;
-pub mod rng;
+pub use crate::rng;
 pub mod rope;
 pub mod scan;
 pub mod softmax;

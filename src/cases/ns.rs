@@ -1,7 +1,7 @@
 //! `ns.kg` (the Newton–Schulz products) and `muon.kg` (Muon's memory-bound kernels), each
 //! kernel against a float64 reference on batches of awkward shapes (and, on a GPU, the
 //! GPU against the interpreter). The op-level checks (the whole iteration, Muon's steps)
-//! are `ops/checks/ns.rs` and `optim/checks/muon.rs`.
+//! are `checks/ops/ns.rs` and `checks/optim/muon.rs`.
 
 use super::*;
 

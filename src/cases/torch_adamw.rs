@@ -1,6 +1,6 @@
 //! A float64 port of torch.optim.adamw's `_single_tensor_adamw` (torch 2.x, amsgrad
 //! either way, capturable=False, differentiable=False), the reference the optimizer's tests and GPU
-//! checks (`crate::optim::checks`) compare against. Written from torch's Python source, independently of the
+//! checks (`crate::checks::optim`) compare against. Written from torch's Python source, independently of the
 //! kernel (which follows the fused CUDA kernel's algebra); the two agree to f32
 //! rounding.
 

@@ -1,7 +1,7 @@
 //! A float64 reference of scaled-dot-product attention, forward (o, lse) and backward
 //! (dq, dk, dv), as torch's `F.scaled_dot_product_attention(q, k, v, is_causal=causal,
 //! scale=scale, enable_gqa=True)` computes it in f64 and autograd differentiates it: the
-//! reference the op's checks (`crate::ops::checks::attention`) compare against. Written
+//! reference the op's checks (`crate::checks::ops::attention`) compare against. Written
 //! from the definition (scores, softmax, weighted sum; the gradients by the chain rule),
 //! independently of the kernels' FlashAttention algebra; its backward is checked against
 //! finite differences of its forward below.

@@ -212,7 +212,7 @@ pub fn selftest(a: SelftestArgs) -> CliResult {
         .or_else(|| gpu.as_ref().and_then(|g| g.arch()))
         .unwrap_or(Arch::Sm90a);
     // `--filter ops`: only the op library and #[kernel] checks; `--filter ops:ns,optim`:
-    // only those groups of op checks (kgen::ops::checks::GROUPS).
+    // only those groups of op checks (kgen::checks::ops::GROUPS).
     let op_groups: Option<Vec<String>> = a
         .filter
         .as_deref()

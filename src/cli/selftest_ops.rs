@@ -1,7 +1,7 @@
 //! The second half of `kgen selftest`: the op library and `#[kernel]` launchers, on the
 //! selected device (the GPU, or the interpreter without one).
 //!
-//! - the op library's self-checks, `kgen::ops::checks::gpu_checks` (every op once, on
+//! - the op library's self-checks, `kgen::checks::ops::gpu_checks` (every op once, on
 //!   awkward shapes, against a float64 reference, outputs poisoned first; the
 //!   optimizer's and the CUDA graph capture's too);
 //! - kernels written with `#[kgen::kernel]`, launched through their typed launchers on the
@@ -171,16 +171,16 @@ pub fn run(
         Some(_) => Vec::new(),
     };
     let results = match groups {
-        None => kgen::ops::checks::gpu_checks(device),
+        None => kgen::checks::ops::gpu_checks(device),
         Some(g) => {
-            let known = kgen::ops::checks::GROUPS;
+            let known = kgen::checks::ops::GROUPS;
             if let Some(bad) = g.iter().find(|x| !known.contains(&x.as_str())) {
                 return Err(super::common::CliError::Msg(format!(
                     "no op check group `{bad}` (groups: {})",
                     known.join(", ")
                 )));
             }
-            kgen::ops::checks::gpu_checks_of(device, |name| g.iter().any(|x| x == name))
+            kgen::checks::ops::gpu_checks_of(device, |name| g.iter().any(|x| x == name))
         }
     };
     for (label, r) in results {

@@ -775,7 +775,7 @@ impl Ops {
 /// window_rows)`, each with whether it is a window kernel (the self-checks' test of the
 /// window kernels through the op, `checks::loss`).
 #[cfg(test)]
-pub(super) fn ce_candidates(
+pub(crate) fn ce_candidates(
     rows: usize,
     vocab: usize,
     elem_bytes: usize,

@@ -23,8 +23,8 @@
 //! arguments, spelled once), and [`crate::optim`] (AdamW,
 //! gradient norm and clipping); `plan` (the tuner's choice per shape, and the launch
 //! remembered per call signature); `launchable` (every kernel the ops can ask for).
-//! [`checks`] holds the self-checks against float64 references (test code: nothing else
-//! here uses it, and no op file uses [`crate::cases`]).
+//! The self-checks against float64 references live apart, in [`crate::checks`] (test
+//! code: no op file uses it or [`crate::cases`]).
 
 use kgen_core::types::DType;
 use kgen_core::{CompileOptions, SourceFile};
@@ -35,8 +35,6 @@ use std::sync::{Arc, Mutex};
 pub mod act;
 mod args;
 pub mod attention;
-// Test code: the self-checks (`kgen selftest`) and the unit tests that need them.
-pub mod checks;
 pub mod gemm;
 pub mod launchable;
 pub mod linear;
@@ -79,8 +77,8 @@ pub(crate) fn dtype_err(op: &'static str, what: impl Into<String>) -> OpError {
 pub struct Ops {
     device: Device,
     stream: Stream,
-    kernels: Mutex<HashMap<String, Arc<Kernel>>>,
-    tuner: kgen_runtime::autotune::Autotuner,
+    pub(crate) kernels: Mutex<HashMap<String, Arc<Kernel>>>,
+    pub(crate) tuner: kgen_runtime::autotune::Autotuner,
     /// The tuner's choices (candidate labels) as `launch_tuned` already asked for them,
     /// by "op|shape key".
     tuned: Mutex<HashMap<String, String>>,

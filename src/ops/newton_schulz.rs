@@ -696,7 +696,7 @@ mod tests {
         let d = Device::interpreter();
         let ops = Ops::new(&d);
         for &(k, r, c) in &[(1, 7, 5), (2, 5, 7), (1, 1, 1), (1, 20, 20), (2, 9, 33)] {
-            let mut rng = crate::cases::rng::Rng::new(7);
+            let mut rng = crate::rng::Rng::new(7);
             let data: Vec<f64> = (0..k * r * c).map(|_| rng.next_f64() * 2.0 - 1.0).collect();
             let x = d.from_f64(DType::F32, &[k, r, c], &data).unwrap();
             let y = ops.newton_schulz(&x, 5, &[QUINTIC]).unwrap();

@@ -857,7 +857,7 @@ impl PerThreadCap {
 /// Whether the first forward candidate for `rows` rows of `cols` on `sms` SMs runs the
 /// multi-row kernels (the self-checks' end-to-end test of that path, `checks::norm`).
 #[cfg(test)]
-pub(super) fn multi_row_first(rows: usize, cols: usize, sms: usize) -> bool {
+pub(crate) fn multi_row_first(rows: usize, cols: usize, sms: usize) -> bool {
     fwd_configs(rows, cols, sms, PerThreadCap::WIDE)[0]
         .rows_per_block
         .is_some()

@@ -838,6 +838,3 @@ fn upload_block_groups(
     }
     Ok(device.from_slice(&[bg.len()], &bg)?)
 }
-
-// Test code: the self-checks against float64 and the unit tests (nothing above uses them).
-pub mod checks;

@@ -1,4 +1,4 @@
-//! The norm ops' self-checks (`ops/norm.rs`; `kgen selftest`, `ops::checks::gpu_checks`):
+//! The norm ops' self-checks (`ops/norm.rs`; `kgen selftest`, `checks::ops::gpu_checks`):
 //! each op once on awkward shapes against a float64 reference, on the GPU or the
 //! interpreter.
 

@@ -1,5 +1,7 @@
-//! A small, seeded, dependency-free RNG (SplitMix64) for the case table: the same seed
-//! gives the same inputs on every machine and in every build.
+//! A small, seeded, dependency-free RNG (SplitMix64) for random inputs (the benchmarks',
+//! the self-test cases', the training demo's): the same seed gives the same inputs on
+//! every machine and in every build. Product code; the self-test re-exports it as
+//! `cases::rng`.
 
 /// SplitMix64 (Steele, Lea & Flood 2014): 64-bit state, full period, good enough for test
 /// data and trivially reproducible.

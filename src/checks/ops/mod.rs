@@ -8,7 +8,7 @@
 //! op file (`norm`, `act`, `rope`, `attention`: group `attn`, `loss`, `linear`: linear
 //! layers forward and backward and matmul, `gemm`), and `capture` (ops
 //! recorded into a CUDA graph replay like eager ones). The optimizer's checks are
-//! [`crate::optim::checks`].
+//! [`crate::checks::optim`].
 
 use kgen_runtime::Device;
 
@@ -49,7 +49,7 @@ pub fn gpu_checks_of(
         ("attn", attention::gpu_checks),
         ("loss", loss::gpu_checks),
         ("ns", ns::gpu_checks),
-        ("optim", crate::optim::checks::gpu_checks),
+        ("optim", crate::checks::optim::gpu_checks),
         ("capture", capture::gpu_checks),
     ];
     let mut v = Vec::new();

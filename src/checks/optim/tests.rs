@@ -6,8 +6,10 @@
 use super::{check_adamw, check_clip, compare, round_to, AdamWCheck};
 use crate::cases::torch_adamw::{torch_adamw_step, TorchHyper};
 use crate::cases::Rng;
+use crate::ops::{OpError, Ops};
 use crate::optim::*;
 use kgen_core::host::HostTensor;
+use kgen_core::types::DType;
 use kgen_runtime::Device;
 
 fn two_groups(lr_scale: f64) -> Vec<ParamGroup> {
