@@ -66,6 +66,11 @@ pub struct Specialization {
     /// warpgroup issues the TMA copies; `back/ptx/lower/ws.rs`).
     #[serde(default)]
     pub ws: bool,
+    /// Write the tiles of eligible `store`s with the TMA copy engine through shared
+    /// memory (`--tma-store`; `back/ptx/lower/tma_store.rs`). Off by default: it measured
+    /// no faster than `st.global` on the bundled GEMM (docs/PERFORMANCE.md).
+    #[serde(default)]
+    pub tma_store: bool,
 }
 
 impl Specialization {
@@ -104,6 +109,9 @@ impl Specialization {
         if self.ws {
             s.push_str("__ws");
         }
+        if self.tma_store {
+            s.push_str("__tmastore");
+        }
         for (name, align) in &self.tensor_align {
             if *align < 16 {
                 s.push_str(&format!("__{name}_a{align}"));
@@ -139,8 +147,9 @@ impl Specialization {
             (false, true) => ";ws",
             (true, true) => ";no_tma;ws",
         };
+        let store = if self.tma_store { ";tma_store" } else { "" };
         format!(
-            "{}<{}>;warps={}{blocks}{stages}{tma};align={}",
+            "{}<{}>;warps={}{blocks}{stages}{tma}{store};align={}",
             self.kernel,
             consts.join(","),
             self.num_warps,

@@ -39,6 +39,9 @@ pub struct CompileOptions {
     pub no_tma: bool,
     /// Warp-specialize a TMA-fed wgmma kernel (`lower/ws.rs`; the specialization's `ws`).
     pub ws: bool,
+    /// TMA stores for eligible tile stores (`lower/tma_store.rs`; the specialization's
+    /// `tma_store`).
+    pub tma_store: bool,
 }
 
 impl CompileOptions {
@@ -53,6 +56,7 @@ impl CompileOptions {
             num_stages: None,
             no_tma: false,
             ws: false,
+            tma_store: false,
         }
     }
 

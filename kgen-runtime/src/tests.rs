@@ -593,6 +593,7 @@ fn axpy_kernel(arch: kgen_core::Arch) -> kgen_core::CompiledKernel {
             tensor_align: vec![],
             no_tma: false,
             ws: false,
+            tma_store: false,
         },
     }
 }

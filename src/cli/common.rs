@@ -317,6 +317,7 @@ pub fn options(arch: Arch, spec: &SpecArgs) -> CompileOptions {
     o.num_stages = spec.stages;
     o.no_tma = spec.no_tma;
     o.ws = spec.ws;
+    o.tma_store = spec.tma_store;
     o.tensor_align = spec.aligns.clone();
     o
 }

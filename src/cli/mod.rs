@@ -102,6 +102,12 @@ struct SpecArgs {
     /// the bundled GEMM it measured no faster (docs/PERFORMANCE.md).
     #[arg(long)]
     ws: bool,
+    /// On sm_90a, in a TMA-fed kernel, write each tile that a tensor's only store writes
+    /// (a tensor the kernel never reads) with the TMA copy engine through shared memory
+    /// instead of `st.global`. It measured no faster on the bundled GEMM
+    /// (docs/PERFORMANCE.md).
+    #[arg(long)]
+    tma_store: bool,
     /// Alignment in bytes (1, 2, 4, 8 or 16) the kernel may assume for a tensor
     /// parameter; default 16. Repeatable.
     #[arg(long = "align", value_name = "TENSOR=BYTES", value_parser = common::parse_align)]

@@ -205,6 +205,7 @@ pub fn lower_kernel(
         tensor_align,
         no_tma: opts.no_tma,
         ws: opts.ws,
+        tma_store: opts.tma_store,
     };
     c.func.name = spec.entry_name();
     c.func.body = c.blocks.pop().unwrap_or_default();

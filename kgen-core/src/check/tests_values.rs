@@ -330,6 +330,7 @@ fn entry_names_of_float_values_are_ptx_identifiers() {
             tensor_align: vec![],
             no_tma: false,
             ws: false,
+            tma_store: false,
         };
         let name = spec.entry_name();
         assert!(

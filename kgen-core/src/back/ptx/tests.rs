@@ -280,6 +280,7 @@ pub fn spec(name: &str, warps: u32) -> Specialization {
         tensor_align: vec![],
         no_tma: false,
         ws: false,
+        tma_store: false,
     }
 }
 

@@ -84,7 +84,8 @@ fn a_pipelined_gemm_on_sm90a_fetches_by_tma_with_one_map_per_operand() {
         })
         .collect();
     // a: a [128, 64] tile, 128-byte rows: one 64 x 128 box. b: a [64, 256] tile: four
-    // boxes of the 64 columns of one atom by 64 rows.
+    // boxes of the 64 columns of one atom by 64 rows. (c's store is `st.global`: TMA
+    // stores are opt-in, `a_tile_store_in_a_tma_kernel_is_a_tma_store`.)
     assert_eq!(maps.len(), 2, "{maps:?}");
     assert_eq!(
         (maps[0].0, maps[0].1.box_dims, maps[0].1.swizzle),
@@ -127,7 +128,7 @@ fn a_pipelined_gemm_on_sm90a_fetches_by_tma_with_one_map_per_operand() {
     );
     let copies: Vec<&str> = ptx
         .lines()
-        .filter(|l| l.contains("cp.async.bulk.tensor.2d"))
+        .filter(|l| l.contains("cp.async.bulk.tensor.2d.shared::cluster.global"))
         .collect();
     assert_eq!(copies.len(), 3 * 5, "{ptx}");
     assert!(copies
@@ -406,6 +407,108 @@ kernel fa<D: int = 128, BM: int = 128, BN: int = 128>(
     let last_arrive = body.rfind("mbarrier.arrive.shared::cta.b64");
     assert!(third.is_some() && last_arrive > third, "{body}");
     if let Some(log) = assemble(&k.ptx, "sm_90a", "ws_fa") {
+        assert!(log.contains("0 bytes spill stores"), "{log}");
+    }
+}
+
+/// With `tma_store`, a tile store in a TMA kernel goes by the copy engine
+/// (`lower/tma_store.rs`): the tile
+/// into shared memory in the box layout, a proxy fence and a barrier, one bulk copy per
+/// atom by thread 0, then the wait for the engine to have read it; no `st.global`. Not
+/// when the kernel also reads the tensor or stores it twice, not on sm_80 nor with
+/// `no_tma`; in a persistent kernel whose ring stays alive, in groups of atoms that fit.
+#[test]
+fn a_tile_store_in_a_tma_kernel_is_a_tma_store() {
+    let k = gemm(Arch::Sm90a, |o| o.tma_store = true);
+    assert!(k.entry.ends_with("__tmastore"), "{}", k.entry);
+    let maps = k
+        .abi
+        .params
+        .iter()
+        .filter(|p| matches!(p.slot, crate::abi::AbiSlot::TensorMap { param: 2, .. }))
+        .count();
+    assert_eq!(maps, 1, "c's map");
+    let ptx = &k.ptx;
+    let stores = ptx
+        .matches("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group")
+        .count();
+    assert_eq!(
+        stores, 4,
+        "one per 64-column atom of the 128 x 256 tile\n{ptx}"
+    );
+    assert!(!ptx.contains("st.global"), "{ptx}");
+    for needed in [
+        "fence.proxy.async.shared::cta;",
+        "cp.async.bulk.commit_group;",
+        "cp.async.bulk.wait_group.read 0;",
+        "cp.async.bulk.wait_group 0;",
+    ] {
+        assert!(ptx.contains(needed), "{needed}\n{ptx}");
+    }
+    // The fence and a barrier come between the shared-memory writes and the copies.
+    let fence = ptx.find("fence.proxy.async").unwrap_or(usize::MAX);
+    let first = ptx.find(".global.shared::cta.bulk_group").unwrap_or(0);
+    assert!(
+        fence < first && ptx[fence..first].contains("bar.sync"),
+        "{ptx}"
+    );
+    if let Some(log) = assemble(ptx, "sm_90a", "tma_store") {
+        assert!(log.contains("0 bytes spill stores"), "{log}");
+    }
+    // Plain stores where the copy engine must not write (or cannot).
+    let plain = |src: &str, arch: Arch, no_tma: bool| {
+        let file = SourceFile::new("mm2.kg", src);
+        let mut o = CompileOptions::new(arch);
+        o.num_warps = Some(8);
+        o.num_stages = Some(3);
+        o.no_tma = no_tma;
+        o.tma_store = true;
+        let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+        !k.ptx.contains(".global.shared::cta.bulk_group") && k.ptx.contains("st.global")
+    };
+    let twice = GEMM.replace(
+        "store(c, [bid(0), bid(1)], acc as bf16);",
+        "store(c, [bid(0), bid(1)], acc as bf16); store(c, [bid(0) + 1, bid(1)], acc as bf16);",
+    );
+    let read = GEMM
+        .replace(
+            "c: tensor<bf16, 2, contiguous>,\n)",
+            "c: tensor<bf16, 2, contiguous>, d: tensor<bf16, 2, contiguous>,\n)",
+        )
+        .replace(
+            "store(c, [bid(0), bid(1)], acc as bf16);",
+            "store(c, [bid(0), bid(1)], acc as bf16); store(d, [0, 0], load(c, [0, 0], [8, 8]));",
+        );
+    assert!(read.contains("d: tensor"), "{read}");
+    assert!(plain(&twice, Arch::Sm90a, false), "stored twice");
+    assert!(plain(&read, Arch::Sm90a, false), "also read");
+    assert!(plain(GEMM, Arch::Sm80, false), "sm_80");
+    assert!(plain(GEMM, Arch::Sm90a, true), "no_tma");
+    assert!(
+        !gemm(Arch::Sm90a, |_| {})
+            .ptx
+            .contains(".global.shared::cta"),
+        "opt-in"
+    );
+    // Persistent 128 x 256 x 64, 4 stages: the ring (192 KiB) stays alive, so the tile
+    // goes two atoms at a time, inside the target's shared memory.
+    let file = SourceFile::new("p.kg", PERSISTENT);
+    let mut o = CompileOptions::new(Arch::Sm90a);
+    o.num_warps = Some(8);
+    o.num_stages = Some(4);
+    o.tma_store = true;
+    let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    assert!(k
+        .ptx
+        .contains("TMA store: 128 x 256 through shared memory, 2 of 4 atoms"));
+    assert_eq!(
+        k.ptx.matches(".global.shared::cta.bulk_group").count(),
+        4,
+        "{}",
+        k.ptx
+    );
+    assert!(k.launch.dynamic_shared_bytes <= Arch::Sm90a.target().max_shared_bytes_per_block);
+    if let Some(log) = assemble(&k.ptx, "sm_90a", "tma_store_persistent") {
         assert!(log.contains("0 bytes spill stores"), "{log}");
     }
 }

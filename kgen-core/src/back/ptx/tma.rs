@@ -15,11 +15,22 @@
 //! one box per swizzle atom (the atom's columns by every row: the box's inner extent is
 //! the swizzle span, as TMA requires), so the copy engine writes exactly
 //! `SharedTile::offset`'s layout. Every fetch of one tensor with one box shares a map.
+//!
+//! In such a kernel, with the specialization's `tma_store`, a tile `store` may be a TMA
+//! store too (`lower/tma_store.rs`): the
+//! tile goes through shared memory in the same swizzled layout, then one
+//! `cp.async.bulk.tensor` per atom writes it, clipped at the tensor's bounds as `store`
+//! is. A store qualifies when its tensor is a `contiguous` rank-2 tensor of f16, bf16 or
+//! f32 with 16-byte alignment, the kernel never reads that tensor and stores to it only
+//! there (so no later access of the kernel can observe the copy's asynchrony, and one
+//! store's successive executions are ordered by waiting for the previous copy before
+//! issuing the next), and the value is a 2-D tile of power-of-two extents whose swizzle
+//! atom a box can hold.
 
 use super::lower::staged::buffer_tile;
 use super::swizzle::Swizzle;
 use crate::abi::{Specialization, TensorMapSpec};
-use crate::ir::{Function, Op, ParamKind};
+use crate::ir::{Function, InstId, Op, ParamKind};
 use crate::target::Target;
 use crate::types::DType;
 use std::collections::HashMap;
@@ -37,12 +48,15 @@ pub struct PlannedMap {
     pub ptx_name: String,
 }
 
-/// The kernel's TMA fetches: the maps, and which map fills each shared buffer.
+/// The kernel's TMA fetches and stores: the maps, which map fills each shared buffer,
+/// and which map each TMA store writes through.
 #[derive(Clone, Debug, Default)]
 pub struct TmaPlan {
     pub maps: Vec<PlannedMap>,
     /// Shared buffer → the map its fetches use.
     pub by_buf: HashMap<u32, usize>,
+    /// `store` instruction → the map it writes through.
+    pub by_store: HashMap<InstId, usize>,
 }
 
 impl TmaPlan {
@@ -135,5 +149,98 @@ pub fn plan(func: &Function, target: &Target, spec: &Specialization) -> TmaPlan 
         }
         out.by_buf.insert(buf, m);
     }
+    let mut keyed: HashMap<(u32, TensorMapSpec), usize> = out
+        .maps
+        .iter()
+        .enumerate()
+        .map(|(i, m)| ((m.param, m.spec), i))
+        .collect();
+    let stores = if spec.tma_store {
+        store_maps(func)
+    } else {
+        Vec::new()
+    };
+    for (id, param, spec) in stores {
+        let next = out.maps.len();
+        let m = *keyed.entry((param, spec)).or_insert(next);
+        if m == next {
+            let name = func
+                .params
+                .get(param as usize)
+                .map(|p| p.name.as_str())
+                .unwrap_or("t");
+            out.maps.push(PlannedMap {
+                param,
+                spec,
+                ptx_name: format!("p_{name}_tmap{m}"),
+            });
+        }
+        out.by_store.insert(id, m);
+    }
     out
+}
+
+/// The stores that can be TMA stores (module docs), with their tensors and maps.
+fn store_maps(func: &Function) -> Vec<(InstId, u32, TensorMapSpec)> {
+    let mut stores: HashMap<u32, Vec<InstId>> = HashMap::new();
+    let mut other: std::collections::HashSet<u32> = Default::default();
+    for i in crate::ir::program_order(func) {
+        match &func.insts[i].op {
+            Op::Store { tensor, .. } => stores.entry(*tensor).or_default().push(i),
+            Op::Load { tensor, .. }
+            | Op::Gather { tensor, .. }
+            | Op::Scatter { tensor, .. }
+            | Op::AtomicAdd { tensor, .. }
+            | Op::ScratchFetch { tensor, .. }
+            | Op::ScratchGather { tensor, .. } => {
+                other.insert(*tensor);
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (param, ids) in stores {
+        let [id] = ids.as_slice() else { continue };
+        if other.contains(&param) {
+            continue;
+        }
+        if let Some(spec) = store_map(func, *id, param) {
+            out.push((*id, param, spec));
+        }
+    }
+    out.sort_by_key(|x| x.0);
+    out
+}
+
+/// The map TMA store `id` of tensor `param` needs, or `None` (module docs).
+fn store_map(func: &Function, id: InstId, param: u32) -> Option<TensorMapSpec> {
+    let Op::Store { value, .. } = &func.insts[id].op else {
+        return None;
+    };
+    let t = match &func.params.get(param as usize)?.kind {
+        ParamKind::Tensor(t) => t,
+        ParamKind::Scalar(_) => return None,
+    };
+    let ty = func.value_type(*value);
+    let dims = ty.shape()?.dims().to_vec();
+    let [rows, cols] = dims.as_slice() else {
+        return None;
+    };
+    let es = t.dtype.size_bytes();
+    let tile = crate::back::ptx::swizzle::SharedTile::new(*rows, *cols, es);
+    let ok = matches!(t.dtype, DType::F16 | DType::BF16 | DType::F32)
+        && ty.dtype() == t.dtype
+        && t.rank() == 2
+        && t.contiguous
+        && t.align_bytes >= 16
+        && rows.is_power_of_two()
+        && cols.is_power_of_two()
+        && tile.swizzle != Swizzle::None
+        && *rows <= MAX_BOX
+        && tile.atom_cols() <= MAX_BOX;
+    ok.then(|| TensorMapSpec {
+        box_dims: [tile.atom_cols(), tile.rows],
+        swizzle: tile.swizzle.tensor_map_code(),
+        rank: 2,
+    })
 }

@@ -677,6 +677,9 @@ impl Lowerer<'_> {
         else {
             return Ok(());
         };
+        if self.lower_tma_store(id)? {
+            return Ok(());
+        }
         let mut lin = self.lin(*value);
         let shape = self.shape(*value);
         let mut regs = self.regs(*value, span)?;

@@ -30,6 +30,7 @@ mod scratch;
 mod shape;
 pub mod staged;
 mod tma;
+mod tma_store;
 mod wgmma;
 mod ws;
 pub use ws::{fetched_once, CONSUMER_REGS, PRODUCER_THREADS};

@@ -319,7 +319,14 @@ impl Lowerer<'_> {
     /// at most 16 bytes, `off` aligned to them): half values packed two to a word (from
     /// the f32 values they were rounded from, see `pack`). A group of half values not
     /// all held widened in f32 registers is stored element by element.
-    fn smem_store_group(&mut self, group: &[Reg], dt: DType, addr: Reg, off: i64, slot: u32) {
+    pub(super) fn smem_store_group(
+        &mut self,
+        group: &[Reg],
+        dt: DType,
+        addr: Reg,
+        off: i64,
+        slot: u32,
+    ) {
         let n = group.len();
         if n == 1 || (slot == 2 && group.iter().any(|r| r.class != RegClass::F32)) {
             for (i, &v) in group.iter().enumerate() {

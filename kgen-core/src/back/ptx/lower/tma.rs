@@ -57,7 +57,7 @@ impl Lowerer<'_> {
     }
 
     /// Thread 0's predicate (`%tid.x == 0`), made once in the prologue.
-    fn tma_leader(&mut self) -> Reg {
+    pub(super) fn tma_leader(&mut self) -> Reg {
         if let Some(p) = self.tma_leader {
             return p;
         }
@@ -74,7 +74,7 @@ impl Lowerer<'_> {
     }
 
     /// The generic address of tensor map `m` (a kernel parameter), made once.
-    fn tmap_addr(&mut self, m: usize) -> Reg {
+    pub(super) fn tmap_addr(&mut self, m: usize) -> Reg {
         if let Some(&r) = self.tmap_addrs.get(&m) {
             return r;
         }
