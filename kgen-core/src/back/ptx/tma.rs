@@ -68,6 +68,30 @@ impl TmaPlan {
     pub fn map_of(&self, buf: u32) -> Option<&PlannedMap> {
         self.by_buf.get(&buf).and_then(|&m| self.maps.get(m))
     }
+
+    /// The index of the map of tensor `param` with `spec`, added if new (one map per
+    /// tensor and box, shared by its fetches and stores).
+    fn intern(&mut self, func: &Function, param: u32, spec: TensorMapSpec) -> usize {
+        if let Some(m) = self
+            .maps
+            .iter()
+            .position(|m| m.param == param && m.spec == spec)
+        {
+            return m;
+        }
+        let m = self.maps.len();
+        let name = func
+            .params
+            .get(param as usize)
+            .map(|p| p.name.as_str())
+            .unwrap_or("t");
+        self.maps.push(PlannedMap {
+            param,
+            spec,
+            ptx_name: format!("p_{name}_tmap{m}"),
+        });
+        m
+    }
 }
 
 /// The map a fetch of tensor `param` into buffer `buf` needs, or `None` when TMA cannot
@@ -122,25 +146,11 @@ pub fn plan(func: &Function, target: &Target, spec: &Specialization) -> TmaPlan 
     if refuse || fetches.is_empty() {
         return out;
     }
-    let mut keyed: HashMap<(u32, TensorMapSpec), usize> = HashMap::new();
     for (buf, param, zero) in fetches {
         let Some(spec) = fetch_map(func, buf, param, zero) else {
             return TmaPlan::default();
         };
-        let next = keyed.len();
-        let m = *keyed.entry((param, spec)).or_insert(next);
-        if m == out.maps.len() {
-            let name = func
-                .params
-                .get(param as usize)
-                .map(|p| p.name.as_str())
-                .unwrap_or("t");
-            out.maps.push(PlannedMap {
-                param,
-                spec,
-                ptx_name: format!("p_{name}_tmap{m}"),
-            });
-        }
+        let m = out.intern(func, param, spec);
         if let Some(&prev) = out.by_buf.get(&buf) {
             if prev != m {
                 // One buffer filled from two maps: keep it simple, no TMA.
@@ -149,33 +159,11 @@ pub fn plan(func: &Function, target: &Target, spec: &Specialization) -> TmaPlan 
         }
         out.by_buf.insert(buf, m);
     }
-    let mut keyed: HashMap<(u32, TensorMapSpec), usize> = out
-        .maps
-        .iter()
-        .enumerate()
-        .map(|(i, m)| ((m.param, m.spec), i))
-        .collect();
-    let stores = if spec.tma_store {
-        store_maps(func)
-    } else {
-        Vec::new()
-    };
-    for (id, param, spec) in stores {
-        let next = out.maps.len();
-        let m = *keyed.entry((param, spec)).or_insert(next);
-        if m == next {
-            let name = func
-                .params
-                .get(param as usize)
-                .map(|p| p.name.as_str())
-                .unwrap_or("t");
-            out.maps.push(PlannedMap {
-                param,
-                spec,
-                ptx_name: format!("p_{name}_tmap{m}"),
-            });
+    if spec.tma_store {
+        for (id, param, map) in store_maps(func) {
+            let m = out.intern(func, param, map);
+            out.by_store.insert(id, m);
         }
-        out.by_store.insert(id, m);
     }
     out
 }
