@@ -16,6 +16,7 @@
 pub mod arena;
 pub mod chains;
 pub mod display;
+pub mod parse;
 pub mod props;
 
 pub use arena::{Arena, Handle};
@@ -714,3 +715,6 @@ pub fn shape_of(ty: &ValueType) -> &[u32] {
         ValueType::Tile(_, s) => s.dims(),
     }
 }
+
+#[cfg(test)]
+mod tests_parse;

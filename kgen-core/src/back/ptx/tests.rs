@@ -625,53 +625,46 @@ fn gather_scatter_atomic_add() {
     assert!(ptx.contains("atom.global.add.f32"), "{ptx}");
 }
 
-/// A `dot` in a loop and an `if` after it, on hand-built IR (no pipelining pass): f16
-/// operands go to the tensor cores from registers (converted to the mma operand layouts
-/// through shared memory and packed), f32 operands stay exact FMAs.
+/// A `dot` in a loop and an `if` after it, as IR text (`ir/parse.rs`; no pipelining
+/// pass): f16 operands go to the tensor cores from registers (converted to the mma
+/// operand layouts through shared memory and packed), f32 operands stay exact FMAs.
 fn dot_and_if_ir(dt: DType) -> crate::ir::Function {
-    let mut k = Kb::new("matmul");
-    let a = k.tensor("a", dt, vec![None, None], true, 16);
-    let b = k.tensor("b", dt, vec![None, None], true, 16);
-    let c = k.tensor("c", DType::F32, vec![None, None], true, 16);
-    let flag = k.scalar_param("accumulate", DType::Bool);
-    let i = k.bid(0);
-    let j = k.bid(1);
-    let zero = k.i32c(0);
-    let kt = k.op(
-        Op::TensorDim { tensor: a, dim: 1 },
-        ValueType::Scalar(DType::I32),
-    );
-    let c31 = k.i32c(31);
-    let c32 = k.i32c(32);
-    let t = k.bin(BinaryOp::Add, kt, c31);
-    let nk = k.bin(BinaryOp::Div, t, c32);
-    let init = k.fconst(0.0, DType::F32, &[32, 32]);
-    let r = k.for_loop(zero, nk, vec![init], |k, kk, c| {
-        let at = k.load(a, vec![i, kk], &[32, 32], Scalar::Float(0.0, dt));
-        let bt = k.load(b, vec![kk, j], &[32, 32], Scalar::Float(0.0, dt));
-        let d = k.op(
-            Op::Dot {
-                a: at,
-                b: bt,
-                acc: c[0],
-                precision: Default::default(),
-            },
-            tile(DType::F32, &[32, 32]),
-        );
-        vec![d]
-    });
-    let ty = k.ty(r[0]);
-    let out = k.if_else(
-        flag,
-        vec![ty],
-        |k| {
-            let old = k.load(c, vec![i, j], &[32, 32], Scalar::Float(0.0, DType::F32));
-            vec![k.bin(BinaryOp::Add, old, r[0])]
-        },
-        |_| vec![r[0]],
-    );
-    k.store(c, vec![i, j], out[0]);
-    k.finish()
+    const TEXT: &str = "kernel matmul (matmul)
+  @a: tensor<T, [?, ?], contiguous, align 16>
+  @b: tensor<T, [?, ?], contiguous, align 16>
+  @c: tensor<f32, [?, ?], contiguous, align 16>
+  @accumulate: bool
+{
+  %0: bool = param @accumulate
+  %1: i32 = bid 0
+  %2: i32 = bid 1
+  %3: i32 = const 0:i32
+  %4: i32 = shape @a, 1
+  %5: i32 = const 31:i32
+  %6: i32 = const 32:i32
+  %7: i32 = add %4, %5
+  %8: i32 = div %7, %6
+  %9: tile<f32, [32, 32]> = const 0.0:f32
+  %10: i32 = const 1:i32
+  %16: tile<f32, [32, 32]> = for %3..%8 step %10 iter(%9) {
+    ^(%11: i32, %12: tile<f32, [32, 32]>):
+    %13: tile<T, [32, 32]> = load @a[%1, %11] pad 0.0:T
+    %14: tile<T, [32, 32]> = load @b[%11, %2] pad 0.0:T
+    %15: tile<f32, [32, 32]> = dot %13, %14, %12
+    yield %15
+  }
+  %19: tile<f32, [32, 32]> = if %0 {
+    %17: tile<f32, [32, 32]> = load @c[%1, %2] pad 0.0:f32
+    %18: tile<f32, [32, 32]> = add %17, %16
+    yield %18
+  } else {
+    yield %16
+  }
+  store @c[%1, %2], %19
+}
+";
+    let text = TEXT.replace('T', dt.name());
+    crate::ir::parse::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
 }
 
 #[test]
