@@ -150,3 +150,29 @@ fn malformed_text_is_an_error_with_its_line() {
         assert!(e.to_string().contains(what), "{e}");
     }
 }
+
+/// Bad input never panics: every prefix of a pipelined kernel's IR text (cut anywhere,
+/// on a character boundary) parses or is an error.
+#[test]
+fn every_truncation_is_an_error_not_a_panic() {
+    let files = bundled();
+    let src = files
+        .iter()
+        .find(|(f, _)| f == "gemm")
+        .map(|(_, s)| s.clone())
+        .expect("gemm.kg");
+    let (_, _, opt) = irs(&src, "gemm", Arch::Sm90a, &|o| {
+        o.defines.push(("PERSISTENT".into(), "true".into()))
+    })
+    .into_iter()
+    .next()
+    .expect("gemm's IR");
+    let text = opt.to_string();
+    let mut errors = 0;
+    for (i, _) in text.char_indices() {
+        if parse(&text[..i]).is_err() {
+            errors += 1;
+        }
+    }
+    assert!(errors > text.len() / 2, "most prefixes are not IR");
+}
