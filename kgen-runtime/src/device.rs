@@ -236,6 +236,28 @@ impl Device {
         })
     }
 
+    /// Hands the device memory that freed tensors left in the stream-ordered pool back to
+    /// the driver, keeping `keep_bytes` reserved (`torch.cuda.empty_cache()`). kgen keeps
+    /// freed memory for the next allocations (no fresh pages mapped per call; unless
+    /// `KGEN_MEMPOOL_KEEP=0`), so a process that is done with a large working set and
+    /// shares the GPU calls this. Memory still in use stays; nothing to do on the
+    /// interpreter.
+    pub fn trim_memory(&self, keep_bytes: usize) -> Result<(), RuntimeError> {
+        match self.gpu() {
+            Some(g) => guarded("trimming the memory pool", || g.trim_memory(keep_bytes)),
+            None => Ok(()),
+        }
+    }
+
+    /// Bytes of device memory the stream-ordered pool holds from the driver, in use or
+    /// kept for reuse (`torch.cuda.memory_reserved()`); 0 on the interpreter.
+    pub fn memory_reserved(&self) -> Result<u64, RuntimeError> {
+        match self.gpu() {
+            Some(g) => guarded("reading the memory pool", || g.memory_reserved()),
+            None => Ok(0),
+        }
+    }
+
     /// Waits until all work queued on the device is done, on every stream (the default
     /// one, [`Device::new_stream`]'s, and cudarc streams of the same context), as
     /// `torch.cuda.synchronize()` does; [`Stream::synchronize`] waits for one stream.

@@ -163,6 +163,9 @@ impl Gpu {
             .attribute(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
             .op("cuDeviceGetAttribute")?;
         let total = ctx.total_mem().op("cuDeviceTotalMem")?;
+        if ctx.has_async_alloc() && !env_says_off("KGEN_MEMPOOL_KEEP") {
+            keep_freed_memory(&ctx)?;
+        }
         let stream = ctx.default_stream();
         let info = DeviceInfo {
             ordinal,
@@ -468,6 +471,79 @@ impl Gpu {
 }
 
 /// Grid limits of every CUDA device kgen targets.
+/// Whether environment variable `var` is `0` or `off`.
+fn env_says_off(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off"))
+}
+
+/// The device's stream-ordered memory pool (the one `cuMemAllocAsync` draws from).
+fn memory_pool(ctx: &CudaContext) -> Result<sys::CUmemoryPool, RuntimeError> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer; the device handle comes from a live context.
+    unsafe { sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()).result() }
+        .op("cuDeviceGetMemPool")?;
+    Ok(pool)
+}
+
+/// Makes the pool keep what is freed for the next allocations instead of handing it back
+/// to the driver at every synchronization (the driver's default release threshold is
+/// 0 bytes), so that an op allocating its temporaries per call (Newton–Schulz's work
+/// buffers, a training step's activations) after a synchronization does not have the
+/// driver map fresh pages. On an H100 the GPT training demo measured 2.073M -> 2.088M
+/// tokens/s with it (two rounds each). This is what a caching allocator (torch's) does;
+/// [`crate::Device::trim_memory`] returns the unused memory, and `KGEN_MEMPOOL_KEEP=0`
+/// keeps the driver's default. The pool is the device's current one, shared with any
+/// other user of `cuMemAllocAsync` in the process.
+fn keep_freed_memory(ctx: &CudaContext) -> Result<(), RuntimeError> {
+    let pool = memory_pool(ctx)?;
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: the release threshold attribute reads a u64 through `value`.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+    }
+    .op("cuMemPoolSetAttribute")
+}
+
+impl Gpu {
+    /// Hands the pool's unused memory back to the driver, keeping `keep_bytes` reserved.
+    pub(crate) fn trim_memory(&self, keep_bytes: usize) -> Result<(), RuntimeError> {
+        if !self.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().op("binding the context")?;
+        let pool = memory_pool(&self.ctx)?;
+        // SAFETY: `pool` is the device's live pool; trimming frees only unused memory.
+        unsafe { sys::cuMemPoolTrimTo(pool, keep_bytes).result() }.op("cuMemPoolTrimTo")
+    }
+
+    /// Bytes the pool holds from the driver (in use or kept for reuse); 0 without
+    /// stream-ordered allocation.
+    pub(crate) fn memory_reserved(&self) -> Result<u64, RuntimeError> {
+        if !self.ctx.has_async_alloc() {
+            return Ok(0);
+        }
+        self.ctx.bind_to_thread().op("binding the context")?;
+        let pool = memory_pool(&self.ctx)?;
+        let mut bytes: u64 = 0;
+        // SAFETY: the reserved-memory attribute writes a u64 through `value`.
+        unsafe {
+            sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut bytes as *mut u64).cast(),
+            )
+            .result()
+        }
+        .op("cuMemPoolGetAttribute")?;
+        Ok(bytes)
+    }
+}
+
 pub fn check_grid(grid: [u32; 3]) -> Result<(), RuntimeError> {
     if !kgen_core::target::grid_in_limits(grid) {
         return Err(RuntimeError::LaunchConfig(format!(

@@ -1092,3 +1092,44 @@ fn gpu_stream_tensors_dropped_or_filled_during_a_capture() {
         );
     }
 }
+
+/// Freed memory stays in the pool across a synchronization (no pages mapped again for
+/// the next allocation of the same size) until `trim_memory` hands it back.
+#[test]
+fn gpu_pool_keeps_freed_memory_until_trimmed() {
+    let Some(d) = gpu_or_skip("gpu_pool_keeps_freed_memory_until_trimmed") else {
+        return;
+    };
+    if std::env::var("KGEN_MEMPOOL_KEEP").is_ok_and(|v| v == "0" || v == "off") {
+        eprintln!("skipped: KGEN_MEMPOOL_KEEP=0");
+        return;
+    }
+    let bytes = 256usize << 20;
+    d.synchronize().unwrap();
+    d.trim_memory(0).unwrap();
+    let base = d.memory_reserved().unwrap();
+    let t = d.empty(DType::F32, &[bytes / 4]).unwrap();
+    d.synchronize().unwrap();
+    let held = d.memory_reserved().unwrap();
+    assert!(held >= base + bytes as u64, "{base} -> {held}");
+    drop(t);
+    d.synchronize().unwrap();
+    let kept = d.memory_reserved().unwrap();
+    assert!(
+        kept >= base + bytes as u64,
+        "freed memory released at sync: {held} -> {kept}"
+    );
+    // The next allocation of the size reuses it.
+    let t2 = d.empty(DType::F32, &[bytes / 4]).unwrap();
+    d.synchronize().unwrap();
+    assert_eq!(d.memory_reserved().unwrap(), kept);
+    drop(t2);
+    d.synchronize().unwrap();
+    d.trim_memory(0).unwrap();
+    let trimmed = d.memory_reserved().unwrap();
+    assert!(trimmed < kept, "trim kept {trimmed} of {kept}");
+    // The interpreter has no pool.
+    let i = Device::interpreter();
+    assert_eq!(i.memory_reserved().unwrap(), 0);
+    i.trim_memory(0).unwrap();
+}
