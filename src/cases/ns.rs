@@ -20,6 +20,22 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     for &(k, mp, n, norm) in &[(1usize, 128usize, 7usize, false), (2, 128, 300, true)] {
         v.push(update_case(seed, k, mp, n, norm, None));
     }
+    // The normalizing products add up many partial sums in chunks of P (the op uses up
+    // to 2048 for large matrices): 3000 partials are one full chunk and a masked one.
+    v.push(with_parts(
+        gram_case(seed, 2, 128, 33, 64, false, true),
+        seed,
+        2,
+        3000,
+        2048,
+    ));
+    v.push(with_parts(
+        update_case(seed, 2, 128, 40, true, None),
+        seed,
+        2,
+        3000,
+        2048,
+    ));
     // Persistent: blocks walking tiles across matrices (12 tiles on 5 blocks, 4 on 3),
     // the ring alive across them (passes/cross_round.rs).
     v.push(update_case(seed, 3, 256, 300, true, Some(5)));
@@ -47,6 +63,18 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         v.push(emit_case(seed, 2, 1000, 300, true));
     }
     v
+}
+
+/// `case` (a normalizing `ns_gram` or `ns_update`, whose argument 3 is `part`) with
+/// `parts` partial sums per matrix, added in chunks of `p`.
+fn with_parts(mut case: Case, seed: u64, k: usize, parts: usize, p: usize) -> Case {
+    case.label = format!("{} parts={parts} P={p}", case.label);
+    let mut rng = Rng::for_case(seed, &case.label);
+    case.args[3] = ArgValue::Tensor(random_tensor(&mut rng, DType::F32, &[k, parts], |r| {
+        r.uniform(0.0, 0.01)
+    }));
+    case.defines.push(("P".into(), p.to_string()));
+    case
 }
 
 /// The wide working shape of a `[rows, cols]` matrix, padded as `ops/newton_schulz.rs`

@@ -193,6 +193,16 @@ impl NsWork {
         self.k == 0 || self.rows == 0 || self.cols == 0
     }
 
+    /// The chunk `P` in which the normalizing products add up a matrix's partial sums
+    /// (one per `ns_prep` block): each chunk is one round trip to memory before the
+    /// block's first product, so a large matrix's 16384 partials (8192 x 8192) take 8
+    /// chunks of 2048 rather than 64 of 256 (the kernels' default, kept for small ones).
+    fn norm_chunk(&self) -> usize {
+        (self.prep_grid()[0] as usize)
+            .next_power_of_two()
+            .clamp(256, 2048)
+    }
+
     fn prep_grid(&self) -> [u32; 3] {
         [
             ((self.mp / TILE) * self.np.div_ceil(TILE)) as u32,
@@ -357,13 +367,15 @@ impl Ops {
             || format!("{dt} {k}x{mp}x{}", x2.shape()[1]),
             &gram_candidates(self.device().arch()),
             |c| {
-                vec![
+                let mut d = vec![
                     ("T", dt.to_string()),
                     ("BM", c.bm.to_string()),
                     ("BK", c.bk.to_string()),
                     ("EPI", epi.to_string()),
                     ("NORM", norm.is_some().to_string()),
-                ]
+                ];
+                d.extend(norm.map(|_| ("P", w.norm_chunk().to_string())));
+                d
             },
             |c| {
                 let t = mp / c.bm as usize;
@@ -398,14 +410,16 @@ impl Ops {
             || format!("{dt} {k}x{mp}x{np}"),
             &update_candidates(self.device().arch()),
             |c| {
-                vec![
+                let mut d = vec![
                     ("T", dt.to_string()),
                     ("BM", c.bm.to_string()),
                     ("BN", c.bn.to_string()),
                     ("BK", c.bk.to_string()),
                     ("NORM", norm.is_some().to_string()),
                     ("PERSISTENT", c.persistent.to_string()),
-                ]
+                ];
+                d.extend(norm.map(|_| ("P", w.norm_chunk().to_string())));
+                d
             },
             |c| k * (mp / c.bm as usize) * np.div_ceil(c.bn as usize),
         )
