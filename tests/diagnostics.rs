@@ -166,6 +166,23 @@ fn cluster_gather_needs_sm90a_and_a_whole_number_of_clusters() {
     assert!(!k.ptx.contains("cluster"), "{}", k.ptx);
 }
 
+/// `cluster_rank` is `bid(0) % C` on the interpreter, `%cluster_ctarank` of a cluster
+/// entry on sm_90a, and an Unsupported diagnostic on sm_80 (no clusters).
+#[test]
+fn cluster_rank_needs_sm90a_and_declares_the_cluster() {
+    let file = SourceFile::new(
+        "rank.kg",
+        "kernel k(y: tensor<i32, 1>) {\n    store(y, [bid(0)], full([1], cluster_rank(4)));\n}\n",
+    );
+    let err = compile(&file, &CompileOptions::new(Arch::Sm80)).unwrap_err();
+    assert_eq!(err.0[0].code, ErrorCode::Unsupported);
+    insta::assert_snapshot!("diag_cluster_rank_sm80", err.render(&file));
+    let k = compile(&file, &CompileOptions::new(Arch::Sm90a)).unwrap();
+    assert!(k.ptx.contains(".reqnctapercluster 4, 1, 1\n"), "{}", k.ptx);
+    assert!(k.ptx.contains("%cluster_ctarank"), "{}", k.ptx);
+    assert_eq!(k.launch.cluster_size, 4);
+}
+
 /// Tensor-core `dot`s whose staged tiles do not fit: an explicit pipeline depth is
 /// refused with the bytes it needs and the depth that fits; a tile whose epilogue needs
 /// more shared memory than the target has is refused with the buffers alive at the peak.

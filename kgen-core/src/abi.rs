@@ -71,6 +71,12 @@ pub struct Specialization {
     /// no faster than `st.global` on the bundled GEMM (docs/PERFORMANCE.md).
     #[serde(default)]
     pub tma_store: bool,
+    /// In a kernel of clusters of two (`cluster_rank(2)`), copy each tile fetch that is
+    /// alike in both blocks once for the pair, by TMA multicast (`--multicast`;
+    /// `back/ptx/tma.rs`). Off by default: it measured slower than each block copying
+    /// its own tiles on the bundled GEMM (docs/PERFORMANCE.md).
+    #[serde(default)]
+    pub multicast: bool,
 }
 
 impl Specialization {
@@ -112,6 +118,9 @@ impl Specialization {
         if self.tma_store {
             s.push_str("__tmastore");
         }
+        if self.multicast {
+            s.push_str("__mcast");
+        }
         for (name, align) in &self.tensor_align {
             if *align < 16 {
                 s.push_str(&format!("__{name}_a{align}"));
@@ -148,8 +157,9 @@ impl Specialization {
             (true, true) => ";no_tma;ws",
         };
         let store = if self.tma_store { ";tma_store" } else { "" };
+        let mcast = if self.multicast { ";multicast" } else { "" };
         format!(
-            "{}<{}>;warps={}{blocks}{stages}{tma}{store};align={}",
+            "{}<{}>;warps={}{blocks}{stages}{tma}{store}{mcast};align={}",
             self.kernel,
             consts.join(","),
             self.num_warps,

@@ -42,6 +42,9 @@ pub struct CompileOptions {
     /// TMA stores for eligible tile stores (`lower/tma_store.rs`; the specialization's
     /// `tma_store`).
     pub tma_store: bool,
+    /// Multicast the fetches that are alike in both blocks of a cluster of two
+    /// (`back/ptx/tma.rs`; the specialization's `multicast`).
+    pub multicast: bool,
 }
 
 impl CompileOptions {
@@ -57,6 +60,7 @@ impl CompileOptions {
             no_tma: false,
             ws: false,
             tma_store: false,
+            multicast: false,
         }
     }
 

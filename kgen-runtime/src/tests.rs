@@ -594,6 +594,7 @@ fn axpy_kernel(arch: kgen_core::Arch) -> kgen_core::CompiledKernel {
             no_tma: false,
             ws: false,
             tma_store: false,
+            multicast: false,
         },
     }
 }

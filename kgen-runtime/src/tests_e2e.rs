@@ -154,6 +154,7 @@ fn compile(f: &Function, arch: Arch, warps: u32) -> kgen_core::CompiledKernel {
         no_tma: false,
         ws: false,
         tma_store: false,
+        multicast: false,
     };
     kgen_core::back::ptx::write(f, &info, &arch.target(), &spec)
         .unwrap_or_else(|d| panic!("{} {arch}: {d}", f.name))

@@ -71,6 +71,8 @@ pub struct Shape {
     /// `PERSISTENT` on a grid of this many blocks (fewer than the tiles: each block
     /// walks tiles `grid` apart); `None`: one block per tile.
     pub persistent: Option<usize>,
+    /// `CLUSTER = 2`: blocks in clusters of two sharing b's tile (multicast; sm_90a).
+    pub cluster: bool,
 }
 
 pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
@@ -87,6 +89,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         dtype: BF16,
         tile: (64, 64, 32),
         persistent: None,
+        cluster: false,
     };
     let mut v: Vec<Shape> = Vec::new();
     let extents: &[usize] = match sizes {
@@ -227,6 +230,26 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             ..base
         });
     }
+    // Clusters of two blocks sharing b's tile, multicast (the tuner's 128 x 256 and
+    // 128 x 128 tiles): an odd number of tile rows (the last cluster's second tile past
+    // M), one tile row, K of one partial step, ragged N, a bias with an activation.
+    for (m, n, k, tile, bias) in [
+        (300, 520, 260, (128, 256, 64), false),
+        (129, 130, 72, (128, 128, 64), true),
+        (100, 300, 7, (128, 128, 64), false),
+        (520, 264, 1000, (128, 256, 64), true),
+    ] {
+        v.push(Shape {
+            m,
+            n,
+            k,
+            bias,
+            act: if bias { Act::Silu } else { Act::None },
+            tile,
+            cluster: true,
+            ..base
+        });
+    }
     if sizes == SizeSet::Full {
         v.push(Shape {
             m: 300,
@@ -312,7 +335,8 @@ pub fn case(seed: u64, s: Shape) -> Case {
     ) + &s
         .persistent
         .map(|g| format!(" persistent on {g} blocks"))
-        .unwrap_or_default();
+        .unwrap_or_default()
+        + if s.cluster { " cluster2" } else { "" };
     let mut rng = Rng::for_case(seed, &label);
     let a = storage(&mut rng, s.dtype, s.m, s.k, s.trans_a);
     let b = storage(&mut rng, s.dtype, s.k, s.n, s.trans_b);
@@ -347,11 +371,16 @@ pub fn case(seed: u64, s: Shape) -> Case {
             ("ACT", (s.act as i32).to_string()),
             ("PREACT", s.preact.to_string()),
             ("PERSISTENT", s.persistent.is_some().to_string()),
+            ("CLUSTER", if s.cluster { "2" } else { "1" }.to_string()),
         ]),
         tensor_align: aligns(PARAMS, &args),
         grid: [
-            s.persistent
-                .unwrap_or((cdiv(s.m, bm) * cdiv(s.n, bn)).max(1)) as u32,
+            if s.cluster {
+                (2 * cdiv(cdiv(s.m, bm), 2) * cdiv(s.n, bn)).max(2)
+            } else {
+                s.persistent
+                    .unwrap_or((cdiv(s.m, bm) * cdiv(s.n, bn)).max(1))
+            } as u32,
             1,
             1,
         ],

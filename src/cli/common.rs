@@ -318,6 +318,7 @@ pub fn options(arch: Arch, spec: &SpecArgs) -> CompileOptions {
     o.no_tma = spec.no_tma;
     o.ws = spec.ws;
     o.tma_store = spec.tma_store;
+    o.multicast = spec.multicast;
     o.tensor_align = spec.aligns.clone();
     o
 }

@@ -108,6 +108,12 @@ struct SpecArgs {
     /// (docs/PERFORMANCE.md).
     #[arg(long)]
     tma_store: bool,
+    /// On sm_90a, in a kernel of clusters of two blocks (`cluster_rank(2)`), copy each
+    /// tile fetch that is alike in both blocks (its index computed from `bid(0) / 2`) once
+    /// for the pair with TMA multicast. It measured slower on the bundled GEMM
+    /// (docs/PERFORMANCE.md)
+    #[arg(long)]
+    multicast: bool,
     /// Alignment in bytes (1, 2, 4, 8 or 16) the kernel may assume for a tensor
     /// parameter; default 16. Repeatable.
     #[arg(long = "align", value_name = "TENSOR=BYTES", value_parser = common::parse_align)]

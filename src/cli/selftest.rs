@@ -98,7 +98,8 @@ fn compile_case(
 
 fn run_case(case: &Case, arch: Arch, gpu: Option<&Gpu>, cache: &mut Cache) -> Row {
     let mut row = Row::new();
-    let needs_clusters = case.kernel_name.is_some_and(|k| k.contains("_cluster"));
+    let needs_clusters = case.kernel_name.is_some_and(|k| k.contains("_cluster"))
+        || case.defines.iter().any(|(k, v)| k == "CLUSTER" && v != "1");
     if needs_clusters && !arch.target().caps.clusters {
         row.problems.push(format!(
             "note: skipped on {arch} (thread-block clusters need sm_90a)"

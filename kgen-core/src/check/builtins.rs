@@ -127,6 +127,7 @@ const BUILTINS: &[Builtin] = &[
     b("atomic_add", &["tensor", "offsets", "value"], 3, &["mask"]),
     b("dot", &["a", "b", "acc"], 3, &[PRECISION_KW]),
     b("cluster_gather", &["x", "size"], 2, &[]),
+    b("cluster_rank", &["size"], 1, &[]),
     b("scratch", &["slots", "shape", "dtype"], 3, &[]),
     b("scratch_store", &["buffer", "slot", "value"], 3, &[]),
     b("scratch_load", &["buffer", "slot"], 2, &[]),
@@ -569,6 +570,7 @@ impl Checker<'_> {
             "gather" | "scatter" | "atomic_add" => self.indexed(name, a, span),
             "dot" => self.dot(a, span),
             "cluster_gather" => self.cluster_gather(a, span),
+            "cluster_rank" => self.cluster_rank(a, span),
             "scratch" => self.scratch(a, span),
             "scratch_store" => self.scratch_store(a, span),
             "scratch_load" => self.scratch_load(a, span),
@@ -598,16 +600,13 @@ impl Checker<'_> {
 
     /// `cluster_gather(x, size)`: the scalar `x` of every block of the cluster, as a
     /// `[size]` tile. `size` is 1, 2, 4, 8 or 16 and the same for every call of the kernel.
-    fn cluster_gather(&mut self, a: &Args, span: Span) -> Ev {
-        let (x, xs) = a.p(0);
-        let (sz, ss) = a.p(1);
-        let Some(size) = self.const_int(&(sz, ss), 1, MAX_CLUSTER_SIZE as i64, "cluster size")
-        else {
-            return Ev::Poison;
-        };
-        let size = size as u32;
+    /// The cluster size argument of builtin `what`: a constant power of two up to
+    /// [`MAX_CLUSTER_SIZE`], the same as every earlier cluster builtin's of the kernel.
+    fn cluster_size_arg(&mut self, sz: &(Ev, Span), what: &str) -> Option<u32> {
+        let ss = sz.1;
+        let size = self.const_int(sz, 1, MAX_CLUSTER_SIZE as i64, "cluster size")? as u32;
         if !size.is_power_of_two() {
-            return self.push(
+            self.push(
                 Diagnostic::error(
                     ErrorCode::BadTileShape,
                     ss,
@@ -615,25 +614,45 @@ impl Checker<'_> {
                 )
                 .with_note("a cluster is 1, 2, 4, 8 or 16 consecutive blocks along grid axis 0"),
             );
+            return None;
         }
         if let Some((first, first_span)) = self.cluster {
             if first != size {
-                return self.push(
+                self.push(
                     Diagnostic::error(
                         ErrorCode::BadArguments,
                         ss,
                         format!(
-                            "this `cluster_gather` uses clusters of {}, an earlier one uses {first}",
+                            "this `{what}` uses clusters of {}, an earlier one uses {first}",
                             blocks(size)
                         ),
                     )
                     .with_secondary(first_span, format!("clusters of {} here", blocks(first)))
-                    .with_note("a kernel is launched with one cluster size: every `cluster_gather` must use it"),
+                    .with_note("a kernel is launched with one cluster size: every `cluster_gather` and `cluster_rank` must use it"),
                 );
+                return None;
             }
         } else {
             self.cluster = Some((size, ss));
         }
+        Some(size)
+    }
+
+    /// `cluster_rank(size)`: this block's rank in its cluster of `size` blocks.
+    fn cluster_rank(&mut self, a: &Args, span: Span) -> Ev {
+        let sz = a.p(0);
+        let Some(size) = self.cluster_size_arg(&sz, "cluster_rank") else {
+            return Ev::Poison;
+        };
+        self.emit1(Op::ClusterRank(size), ValueType::Scalar(DType::I32), span)
+    }
+
+    fn cluster_gather(&mut self, a: &Args, span: Span) -> Ev {
+        let (x, xs) = a.p(0);
+        let sz = a.p(1);
+        let Some(size) = self.cluster_size_arg(&sz, "cluster_gather") else {
+            return Ev::Poison;
+        };
         let x = self.expect_value(x, xs);
         let d = match &x {
             Ev::Poison => return Ev::Poison,

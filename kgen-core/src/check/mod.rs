@@ -206,6 +206,7 @@ pub fn lower_kernel(
         no_tma: opts.no_tma,
         ws: opts.ws,
         tma_store: opts.tma_store,
+        multicast: opts.multicast,
     };
     c.func.name = spec.entry_name();
     c.func.body = c.blocks.pop().unwrap_or_default();

@@ -331,6 +331,7 @@ fn entry_names_of_float_values_are_ptx_identifiers() {
             no_tma: false,
             ws: false,
             tma_store: false,
+            multicast: false,
         };
         let name = spec.entry_name();
         assert!(

@@ -691,6 +691,9 @@ impl Machine<'_> {
                     .get(*a as usize)
                     .ok_or_else(|| bad("grid axis ≥ 3"))? as i64,
             ),
+            Op::ClusterRank(size) => {
+                scalar_i32((self.pid.first().copied().unwrap_or(0) % (*size).max(1)) as i64)
+            }
             Op::NumPrograms(a) => scalar_i32(
                 *self
                     .grid

@@ -175,6 +175,7 @@ impl Printer<'_> {
         Ok(match op {
             Op::Const(c) => format!("const {c}"),
             Op::ProgramId(a) => format!("bid {a}"),
+            Op::ClusterRank(size) => format!("cluster_rank size {size}"),
             Op::NumPrograms(a) => format!("num_bids {a}"),
             Op::ScalarParam(i) => format!("param {}", self.tensor(*i)),
             Op::TensorDim { tensor, dim } => format!("shape {}, {dim}", self.tensor(*tensor)),

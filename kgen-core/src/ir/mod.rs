@@ -370,6 +370,12 @@ pub enum Op {
     ProgramId(u8),
     /// `num_bids(axis)`: the grid size along the axis. `i32` scalar.
     NumPrograms(u8),
+    /// `cluster_rank(size)` (sm_90a thread-block clusters): this block's rank in its
+    /// cluster of `size` consecutive blocks along grid axis 0 (`bid(0) % size`). `i32`
+    /// scalar. Like `ClusterGather`, it makes the kernel run in clusters of `size` (one
+    /// size per kernel), so a copy that every block of a cluster makes alike can be
+    /// multicast (`back::ptx::cluster_uniform`).
+    ClusterRank(u32),
     /// The value of scalar parameter `param` (index into `Function::params`).
     ScalarParam(u32),
     /// Extent of dimension `dim` of tensor parameter `tensor`. `i32` scalar (a constant
@@ -645,12 +651,12 @@ pub fn visit_insts<'f>(func: &'f Function, roots: Vec<&'f Block>, mut f: impl Fn
     }
 }
 
-/// The cluster size of a `ClusterGather` of `func` (searching regions too; valid IR has
-/// one size), if any.
+/// The cluster size of a `ClusterGather` or `ClusterRank` of `func` (searching regions
+/// too; valid IR has one size), if any.
 pub fn cluster_size(func: &Function) -> Option<u32> {
     let mut size = None;
     visit_insts(func, vec![&func.body], |op| {
-        if let (None, Op::ClusterGather { size: s, .. }) = (size, op) {
+        if let (None, Op::ClusterGather { size: s, .. } | Op::ClusterRank(s)) = (size, op) {
             size = Some(*s);
         }
     });

@@ -568,6 +568,7 @@ fn build(m: &str, items: Vec<Item>) -> Result<Op, String> {
         "const" => Op::Const(scalar0()?),
         "bid" => Op::ProgramId(u8_(0)?),
         "num_bids" => Op::NumPrograms(u8_(0)?),
+        "cluster_rank" => Op::ClusterRank(u32_(0)?),
         "param" => Op::ScalarParam(tensor(0)?),
         "shape" => Op::TensorDim {
             tensor: tensor(0)?,

@@ -128,6 +128,7 @@ pub fn props(op: &Op) -> OpProps {
         Op::Const(_) | Op::Splat(_) | Op::Arange { .. } => (C::Constant, Effects::NONE),
         Op::ProgramId(_)
         | Op::NumPrograms(_)
+        | Op::ClusterRank(_)
         | Op::ScalarParam(_)
         | Op::TensorDim { .. }
         | Op::TensorStride { .. } => (C::Query, Effects::NONE),
@@ -164,6 +165,7 @@ macro_rules! walk_operands {
             Op::Const(_)
             | Op::ProgramId(_)
             | Op::NumPrograms(_)
+            | Op::ClusterRank(_)
             | Op::ScalarParam(_)
             | Op::TensorDim { .. }
             | Op::TensorStride { .. }

@@ -260,13 +260,15 @@ impl Validator<'_> {
             Op::ProgramId(a) | Op::NumPrograms(a) => {
                 self.info.grid_rank = self.info.grid_rank.max(a.saturating_add(1));
             }
-            Op::ClusterGather { size, .. } => match self.info.cluster_size {
-                Some(c) if c != *size => self.error(
-                    Span::DUMMY,
-                    format!("cluster_gather sizes differ within the kernel: {c} and {size}"),
-                ),
-                _ => self.info.cluster_size = Some(*size),
-            },
+            Op::ClusterGather { size, .. } | Op::ClusterRank(size) => {
+                match self.info.cluster_size {
+                    Some(c) if c != *size => self.error(
+                        Span::DUMMY,
+                        format!("cluster sizes differ within the kernel: {c} and {size}"),
+                    ),
+                    _ => self.info.cluster_size = Some(*size),
+                }
+            }
             _ => {}
         }
     }

@@ -80,6 +80,14 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
                 "grid id must be an i32 scalar".into()
             })
         }
+        Op::ClusterRank(size) => {
+            ensure(size.is_power_of_two() && *size <= 16, || {
+                format!("cluster size {size} is not 1, 2, 4, 8 or 16")
+            })?;
+            ensure(res_ty()? == scalar_i32, || {
+                "cluster rank must be an i32 scalar".into()
+            })
+        }
         Op::ScalarParam(i) => match func.params.get(*i as usize).map(|p| &p.kind) {
             Some(ParamKind::Scalar(d)) => ensure(res_ty()? == ValueType::Scalar(*d), || {
                 "scalar param type differs".into()

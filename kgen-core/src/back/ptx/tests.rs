@@ -281,6 +281,7 @@ pub fn spec(name: &str, warps: u32) -> Specialization {
         no_tma: false,
         ws: false,
         tma_store: false,
+        multicast: false,
     }
 }
 

@@ -512,3 +512,152 @@ fn a_tile_store_in_a_tma_kernel_is_a_tma_store() {
         assert!(log.contains("0 bytes spill stores"), "{log}");
     }
 }
+
+/// A GEMM whose blocks run in clusters of two taking vertically adjacent tiles:
+/// `SKEW` makes b's column depend on `bid(0)` itself, `TB` stores b transposed (a
+/// `[256, 64]` slot: one swizzle atom, which cannot be halved).
+const CLUSTER_GEMM: &str = r#"
+kernel mc<TB: bool = false, SKEW: bool = false>(
+    a: tensor<bf16, 2, contiguous>,
+    b: tensor<bf16, 2, contiguous>,
+    c: tensor<bf16, 2, contiguous>,
+) {
+    let pair = bid(0) / 2;
+    let pm = 2 * pair + cluster_rank(2);
+    let mut pn = pair;
+    if SKEW {
+        pn = bid(0) % 3;
+    }
+    let mut acc = zeros([128, 256], f32);
+    for kt in 0..cdiv(shape(a, 1), 64) {
+        let mut tb = zeros([64, 256], bf16);
+        if TB {
+            tb = transpose(load(b, [pn, kt], [256, 64]));
+        } else {
+            tb = load(b, [kt, pn], [64, 256]);
+        }
+        acc = dot(load(a, [pm, kt], [128, 64]), tb, acc);
+    }
+    store(c, [pm, pn], acc as bf16);
+}
+"#;
+
+#[test]
+fn a_tile_alike_in_both_blocks_of_a_cluster_is_multicast() {
+    let build = |tb: bool, skew: bool| {
+        let file = SourceFile::new("mc.kg", CLUSTER_GEMM);
+        let mut o = CompileOptions::new(Arch::Sm90a)
+            .define("TB", tb)
+            .define("SKEW", skew);
+        o.num_warps = Some(8);
+        o.num_stages = Some(4);
+        o.multicast = true;
+        compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)))
+    };
+    // Without the specialization's `multicast`, the blocks of a cluster copy their own.
+    let file = SourceFile::new("mc.kg", CLUSTER_GEMM);
+    let plain = compile(&file, &CompileOptions::new(Arch::Sm90a)).expect("compiles");
+    assert_eq!(plain.launch.cluster_size, 2);
+    assert!(!plain.ptx.contains("multicast"), "{}", plain.ptx);
+    let k = build(false, false);
+    assert_eq!(k.launch.cluster_size, 2);
+    let fills: Vec<&str> = k
+        .ptx
+        .lines()
+        .filter(|l| l.contains("cp.async.bulk.tensor"))
+        .collect();
+    let multicast: Vec<&&str> = fills
+        .iter()
+        .filter(|l| l.contains(".multicast::cluster"))
+        .collect();
+    // b's [64, 256] slot is 4 atoms: each block copies 2 per fill (the prologue's 2
+    // fills and the loop's), into both blocks, with the mask of both.
+    assert_eq!(multicast.len(), 6, "{}", k.ptx);
+    assert!(
+        multicast.iter().all(|l| l.trim_end().ends_with("%rs1;")),
+        "{multicast:?}"
+    );
+    assert!(k.ptx.contains("mov.b16 %rs1, 3;"), "{}", k.ptx);
+    // The multicast fills all go through one map (b's: the one a's fills do not use);
+    // a's fills stay local, one box each.
+    let map = |l: &str| {
+        l.split("[%rd")
+            .nth(1)
+            .map(|t| t.split(',').next().unwrap_or("").to_string())
+    };
+    let mc_maps: std::collections::BTreeSet<_> = multicast.iter().map(|l| map(l)).collect();
+    let local: Vec<&&str> = fills.iter().filter(|l| !l.contains("multicast")).collect();
+    let local_maps: std::collections::BTreeSet<_> = local.iter().map(|l| map(l)).collect();
+    assert_eq!((mc_maps.len(), local_maps.len()), (1, 1), "{fills:?}");
+    assert!(mc_maps.is_disjoint(&local_maps), "{fills:?}");
+    assert_eq!(local.len(), 3, "{fills:?}");
+    // b's map: `mov.b64 %rdX, p_b_tmap..;` then `cvta.param.u64 %rdY, %rdX;`.
+    let second = |l: &str| {
+        l.split_whitespace()
+            .nth(1)
+            .map(|r| r.trim_end_matches(',').to_string())
+    };
+    let raw = k
+        .ptx
+        .lines()
+        .find(|l| l.contains("mov.b64") && l.contains("p_b_tmap"))
+        .and_then(second)
+        .expect("b's tensor map");
+    let generic = k
+        .ptx
+        .lines()
+        .find(|l| l.contains("cvta.param.u64") && l.trim_end().ends_with(&format!("{raw};")))
+        .and_then(second)
+        .map(|r| r.trim_start_matches("%rd").to_string());
+    assert_eq!(mc_maps, [generic].into_iter().collect(), "{}", k.ptx);
+    // Each block arms its own mbarrier with the whole tile (both halves land on it).
+    assert!(
+        k.ptx.contains("_, [%r") && k.ptx.contains("], 32768;"),
+        "{}",
+        k.ptx
+    );
+    // Each slot has an `empty` mbarrier that both blocks' thread 0 arrive on; in the K
+    // loop (from its back edge's target to the products), after the block barrier that
+    // ends this block's reads, thread 0 arrives on its own and the other block's (mapa)
+    // and waits at cluster scope before the refill; no cluster-wide barrier there.
+    assert_eq!(k.ptx.matches("], 2;").count(), 4, "{}", k.ptx);
+    let back = k
+        .ptx
+        .lines()
+        .rev()
+        .find(|l| l.trim().starts_with("bra.uni $L"))
+        .expect("a back edge");
+    let head = back
+        .trim()
+        .trim_start_matches("bra.uni ")
+        .trim_end_matches(';');
+    let body = &k.ptx[k.ptx.find(&format!("{head}:")).expect("the K loop")..];
+    let body = &body[..body.find("wgmma.mma_async").expect("the products")];
+    let at = |pat: &str| {
+        body.find(pat)
+            .unwrap_or_else(|| panic!("no {pat} in\n{body}"))
+    };
+    assert!(at("bar.sync") < at("mapa.shared::cluster"), "{body}");
+    assert!(
+        at("mbarrier.arrive.release.cluster.shared::cluster")
+            < at("try_wait.parity.acquire.cluster")
+    );
+    assert!(
+        at("try_wait.parity.acquire.cluster") < at(".multicast::cluster"),
+        "{body}"
+    );
+    assert!(!body.contains("barrier.cluster"), "{body}");
+    if let Some(out) = assemble(&k.ptx, "sm_90a", "cluster gemm") {
+        assert!(out.contains("0 bytes spill stores"), "{out}");
+    }
+    // b's column from bid(0) itself, or a one-atom slot: clusters, no multicast.
+    for (tb, skew) in [(false, true), (true, false)] {
+        let k = build(tb, skew);
+        assert_eq!(k.launch.cluster_size, 2);
+        assert!(
+            !k.ptx.contains("multicast"),
+            "TB={tb} SKEW={skew}\n{}",
+            k.ptx
+        );
+    }
+}

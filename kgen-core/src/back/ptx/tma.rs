@@ -16,6 +16,13 @@
 //! the swizzle span, as TMA requires), so the copy engine writes exactly
 //! `SharedTile::offset`'s layout. Every fetch of one tensor with one box shares a map.
 //!
+//! With the specialization's `multicast`, in a kernel that runs in clusters of two blocks
+//! (`cluster_rank(2)`), a buffer whose
+//! every fetch is the same in both blocks (slot and tile index cluster-uniform, under
+//! cluster-uniform control: `cluster_uniform.rs`) and whose slot holds an even number of
+//! swizzle atoms is *multicast*: each block copies half the atoms into both blocks'
+//! shared memory (`.multicast::cluster`), so the pair reads the tile from L2 once.
+//!
 //! In such a kernel, with the specialization's `tma_store`, a tile `store` may be a TMA
 //! store too (`lower/tma_store.rs`): the
 //! tile goes through shared memory in the same swizzled layout, then one
@@ -57,6 +64,8 @@ pub struct TmaPlan {
     pub by_buf: HashMap<u32, usize>,
     /// `store` instruction → the map it writes through.
     pub by_store: HashMap<InstId, usize>,
+    /// Shared buffers whose fetches are multicast across a cluster of two (module docs).
+    pub multicast: std::collections::BTreeSet<u32>,
 }
 
 impl TmaPlan {
@@ -159,6 +168,9 @@ pub fn plan(func: &Function, target: &Target, spec: &Specialization) -> TmaPlan 
         }
         out.by_buf.insert(buf, m);
     }
+    if spec.multicast && crate::ir::cluster_size(func) == Some(2) {
+        out.multicast = multicast_bufs(func, &out);
+    }
     if spec.tma_store {
         for (id, param, map) in store_maps(func) {
             let m = out.intern(func, param, map);
@@ -166,6 +178,26 @@ pub fn plan(func: &Function, target: &Target, spec: &Specialization) -> TmaPlan 
         }
     }
     out
+}
+
+/// The TMA-filled buffers whose fetches are all alike in both blocks of a cluster of two
+/// and whose slots hold an even number of swizzle atoms (module docs).
+fn multicast_bufs(func: &Function, plan: &TmaPlan) -> std::collections::BTreeSet<u32> {
+    let uni = super::cluster_uniform::analyze(func, 2);
+    let mut ok: HashMap<u32, bool> = HashMap::new();
+    for id in crate::ir::program_order(func) {
+        let Op::ScratchFetch {
+            buf, slot, index, ..
+        } = &func.insts[id].op
+        else {
+            continue;
+        };
+        let alike = uni.control(id) && uni.value(*slot) && index.iter().all(|&v| uni.value(v));
+        let even = buffer_tile(func, *buf).is_some_and(|t| (t.cols / t.atom_cols()) % 2 == 0);
+        let e = ok.entry(*buf).or_insert(true);
+        *e = *e && alike && even && plan.by_buf.contains_key(buf);
+    }
+    ok.into_iter().filter(|&(_, m)| m).map(|(b, _)| b).collect()
 }
 
 /// The stores that can be TMA stores (module docs), with their tensors and maps.

@@ -56,8 +56,14 @@ impl Lowerer<'_> {
     }
 
     /// Before `ret`: every block of the cluster has finished reading this block's slots.
+    /// With multicast rings, a full barrier: the other block's last releases of this
+    /// block's slots (warp specialization) have landed before either block exits.
     pub(super) fn cluster_epilogue(&mut self) {
         self.emit("barrier.cluster.wait", vec![]);
+        if !self.tma.multicast.is_empty() {
+            self.emit("barrier.cluster.arrive", vec![]);
+            self.emit("barrier.cluster.wait", vec![]);
+        }
     }
 
     /// Lowers `batch` (`ClusterGather` instructions) as one exchange.

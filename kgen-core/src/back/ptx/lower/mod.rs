@@ -186,6 +186,9 @@ pub struct Lowerer<'a> {
     tma: crate::back::ptx::tma::TmaPlan,
     tma_rings: HashMap<u32, tma::TmaRing>,
     tma_leader: Option<Reg>,
+    /// Multicast fetches (`lower/tma.rs`): this block's cluster rank and the `.b16`
+    /// mask of both blocks, made once.
+    tma_multicast: Option<(Reg, Reg)>,
     tmap_addrs: HashMap<usize, Reg>,
     /// Per TMA ring, the slot register of its last read (what a dot releases).
     tma_last_slot: HashMap<u32, Reg>,
@@ -296,6 +299,7 @@ impl<'a> Lowerer<'a> {
             tma: Default::default(),
             tma_rings: HashMap::new(),
             tma_leader: None,
+            tma_multicast: None,
             tmap_addrs: HashMap::new(),
             tma_last_slot: HashMap::new(),
             ws_allowed: false,
@@ -337,10 +341,9 @@ impl<'a> Lowerer<'a> {
 
     /// Fetches into the buffers `plan` names are TMA copies (`lower/tma.rs`).
     pub fn with_tma(mut self, plan: crate::back::ptx::tma::TmaPlan, specialize: bool) -> Self {
-        self.ws_allowed = specialize
-            && !plan.is_empty()
-            && self.has_wgmma_dot()
-            && !crate::ir::uses_clusters(self.func);
+        // Clusters only for multicast rings (no `cluster_gather` exchange).
+        let gathers = crate::ir::uses_clusters(self.func) && plan.multicast.is_empty();
+        self.ws_allowed = specialize && !plan.is_empty() && self.has_wgmma_dot() && !gathers;
         if self.ws_allowed {
             self.ws_once = ws::fetched_once(self.func);
             self.ws_last_readers = ws::last_readers(self.func);
@@ -953,6 +956,23 @@ impl<'a> Lowerer<'a> {
                     RegClass::B32,
                     "mov.u32",
                     vec![Operand::Sym(format!("%{sreg}.{axis}"))],
+                );
+                self.bind_res(res, vec![r], span)
+            }
+            Op::ClusterRank(_) => {
+                if !self.target.caps.clusters {
+                    return Err(unsupported(
+                        span,
+                        format!(
+                            "`cluster_rank` needs thread-block clusters (sm_90a); {} has none",
+                            self.target.arch
+                        ),
+                    ));
+                }
+                let r = self.op1(
+                    RegClass::B32,
+                    "mov.u32",
+                    vec![Operand::Sym("%cluster_ctarank".into())],
                 );
                 self.bind_res(res, vec![r], span)
             }

@@ -18,6 +18,16 @@
 //!   writes `SharedTile::offset`'s layout and zero-fills what lies outside the tensor
 //!   (negative tile indices too: the pipeline's fetches past the loop's end read
 //!   nothing). Every thread flips the slot's bit in the ring's `fetched` register.
+//! - A multicast ring (`tma::plan`, clusters of two) has an `empty` mbarrier per slot
+//!   after the `full` ones (two arrivals: thread 0 of each block). The initialization is
+//!   followed by a cluster barrier (the other block's copies and arrivals land on these
+//!   mbarriers). Before refilling a slot (a fill writes both blocks' slots, so neither
+//!   may still read it), thread 0 arrives on its own and the other block's `empty`
+//!   mbarrier and waits for the phase to complete (`multicast_release`), after the
+//!   block barrier that ends this block's reads. Each block's thread 0 arms its own mbarrier
+//!   with the whole tile's bytes but copies only the atoms of its rank's parity, with
+//!   `.multicast::cluster` to both blocks: each slot's phase completes when both halves
+//!   have landed.
 //! - A read of a slot (`scratch_load`): every thread waits on the slot's mbarrier for the
 //!   phase after the ones it already consumed (parity = the slot's bit in `waited`, then
 //!   flipped). The completed phase makes the copy's bytes visible to the waiting thread,
@@ -36,6 +46,18 @@ use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
 use crate::back::ptx::swizzle::SharedTile;
 use crate::ir::{InstId, Op};
 
+/// What the boxes of one fill are copied from and complete on; `outer` are the
+/// coordinates of the dimensions outside the row (box extent 1), innermost first.
+#[derive(Clone, Copy)]
+struct TmaBoxes<'a> {
+    map: Reg,
+    col: Reg,
+    row: Reg,
+    outer: &'a [Reg],
+    mbar: Reg,
+    leader: Reg,
+}
+
 /// An allocated ring's mbarriers and phase bookkeeping.
 #[derive(Clone, Copy, Debug)]
 pub struct TmaRing {
@@ -48,6 +70,9 @@ pub struct TmaRing {
     /// Warp specialization (`lower/ws.rs`): the slot the consumers read last iteration
     /// and have not released yet (-1: none).
     pub prev: Reg,
+    /// A multicast ring: bit s of the first is set once slot s has been filled, bit s
+    /// of the second is the parity of slot s's `empty` phases passed.
+    pub multicast: Option<(Reg, Reg)>,
 }
 
 impl Lowerer<'_> {
@@ -91,9 +116,11 @@ impl Lowerer<'_> {
     pub(super) fn tma_alloc(&mut self, buf: u32) {
         let slots = self.func.scratch[buf as usize].slots;
         let name = format!("{}_mbar", self.func.scratch[buf as usize].name);
-        // `full` barriers at 8 * s; with warp specialization `empty` ones after them.
+        // `full` barriers at 8 * s; with warp specialization or multicast `empty` ones
+        // after them.
         let ws = self.ws == super::ws::WsMode::Consumer;
-        let count = if ws { 2 * slots } else { slots };
+        let multicast = self.tma.multicast.contains(&buf);
+        let count = if ws || multicast { 2 * slots } else { slots };
         let mbar = self.smem.alloc(name, count * 8, 8);
         let range = self.smem.range(mbar);
         if self.sync.before_write(range) {
@@ -114,14 +141,27 @@ impl Lowerer<'_> {
             );
         }
         if ws {
-            // Released by lane 0 of each consumer warp.
+            // Released by lane 0 of each consumer warp (of both blocks when multicast).
+            let blocks = if multicast { 2 } else { 1 };
             for s in slots..2 * slots {
                 self.emit_if(
                     Some((leader, false)),
                     "mbarrier.init.shared::cta.b64",
                     vec![
                         Operand::Mem(Addr::Reg(base), (s * 8) as i64),
-                        Operand::Imm(self.num_warps as i64),
+                        Operand::Imm((blocks * self.num_warps) as i64),
+                    ],
+                );
+            }
+        } else if multicast {
+            // Released by thread 0 of each block of the pair.
+            for s in slots..2 * slots {
+                self.emit_if(
+                    Some((leader, false)),
+                    "mbarrier.init.shared::cta.b64",
+                    vec![
+                        Operand::Mem(Addr::Reg(base), (s * 8) as i64),
+                        Operand::Imm(2),
                     ],
                 );
             }
@@ -137,7 +177,17 @@ impl Lowerer<'_> {
         self.mov(fetched, Operand::Imm(0));
         self.mov(waited, Operand::Imm(0));
         self.mov(prev, Operand::Imm(-1));
-        if !ws {
+        let multicast = multicast.then(|| {
+            let (used, released) = (self.reg(RegClass::B32), self.reg(RegClass::B32));
+            self.mov(used, Operand::Imm(0));
+            self.mov(released, Operand::Imm(0));
+            (used, released)
+        });
+        if multicast.is_some() {
+            // The other block's copies complete on these mbarriers too.
+            self.cluster_sync();
+            self.sync.barrier();
+        } else if !ws {
             // Every later use of the mbarriers follows their initialization (with warp
             // specialization the split's barrier does this for all threads).
             self.emit_cta_barrier();
@@ -150,6 +200,7 @@ impl Lowerer<'_> {
                 fetched,
                 waited,
                 prev,
+                multicast,
             },
         );
     }
@@ -266,6 +317,7 @@ impl Lowerer<'_> {
         // Write after read: no thread may still read the slot (or any other: the tracker
         // sees the whole ring). With warp specialization the slot's `empty` mbarrier
         // says so instead.
+        let multicast = self.tma.multicast.contains(&buf);
         if mode == super::ws::WsMode::Off && self.sync.before_bulk_write(range) {
             self.emit_bar_sync();
         }
@@ -320,6 +372,9 @@ impl Lowerer<'_> {
             "xor.b32",
             vec![ring.fetched.into(), ring.fetched.into(), bit.into()],
         );
+        if let (Some(mc), super::ws::WsMode::Off) = (ring.multicast, mode) {
+            self.multicast_release(&ring, mc, s, bit, leader);
+        }
         let map = self.tmap_addr(m);
         self.emit_if(
             Some((leader, false)),
@@ -332,28 +387,34 @@ impl Lowerer<'_> {
         );
         // Coordinates innermost first: the column, the row, then the leading indices.
         let outer: Vec<Reg> = lead.into_iter().rev().collect();
-        self.tma_boxes(
-            &tile, slot_addr, map, origin[1], origin[0], &outer, mbar, leader,
-        );
+        let boxes = TmaBoxes {
+            map,
+            col: origin[1],
+            row: origin[0],
+            outer: &outer,
+            mbar,
+            leader,
+        };
+        if multicast {
+            self.tma_boxes_multicast(&tile, slot_addr, boxes);
+        } else {
+            self.tma_boxes(&tile, slot_addr, boxes);
+        }
         self.count_fetch();
         Ok(())
     }
 
     /// One `cp.async.bulk.tensor.{2+outer}d` per swizzle atom of the slot: atom `a` holds
-    /// columns `a * atom_cols ..` of every row, at `a * atom_bytes`; `outer` are the
-    /// coordinates of the dimensions outside the row (box extent 1), innermost first.
-    #[allow(clippy::too_many_arguments)]
-    fn tma_boxes(
-        &mut self,
-        tile: &SharedTile,
-        slot_addr: Reg,
-        map: Reg,
-        col: Reg,
-        row: Reg,
-        outer: &[Reg],
-        mbar: Reg,
-        leader: Reg,
-    ) {
+    /// columns `a * atom_cols ..` of every row, at `a * atom_bytes`.
+    fn tma_boxes(&mut self, tile: &SharedTile, slot_addr: Reg, b: TmaBoxes) {
+        let TmaBoxes {
+            map,
+            col,
+            row,
+            outer,
+            mbar,
+            leader,
+        } = b;
         let dims = 2 + outer.len();
         let atoms = tile.cols / tile.atom_cols();
         for a in 0..atoms {
@@ -380,6 +441,161 @@ impl Lowerer<'_> {
                 ],
             );
         }
+    }
+
+    /// The boxes of a multicast fill: atoms `2 j + rank` only (at their columns and
+    /// offsets), each copied into both blocks of the cluster.
+    fn tma_boxes_multicast(&mut self, tile: &SharedTile, slot_addr: Reg, b: TmaBoxes) {
+        let TmaBoxes {
+            map,
+            col,
+            row,
+            outer,
+            mbar,
+            leader,
+        } = b;
+        let (rank, mask) = self.multicast_regs();
+        let dims = 2 + outer.len();
+        let (ac, ab) = (tile.atom_cols(), tile.atom_bytes());
+        let first_col = self.op1(
+            RegClass::B32,
+            "mad.lo.s32",
+            vec![rank.into(), Operand::Imm(ac as i64), col.into()],
+        );
+        let first_dst = self.op1(
+            RegClass::B32,
+            "mad.lo.s32",
+            vec![rank.into(), Operand::Imm(ab as i64), slot_addr.into()],
+        );
+        let atoms = tile.cols / ac;
+        for j in 0..atoms / 2 {
+            let c = if j == 0 {
+                first_col
+            } else {
+                self.op1(
+                    RegClass::B32,
+                    "add.s32",
+                    vec![first_col.into(), Operand::Imm((2 * j * ac) as i64)],
+                )
+            };
+            let mut coords = vec![c, row];
+            coords.extend_from_slice(outer);
+            self.emit_if(
+                Some((leader, false)),
+                format!(
+                    "cp.async.bulk.tensor.{dims}d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                ),
+                vec![
+                    Operand::Mem(Addr::Reg(first_dst), (2 * j * ab) as i64),
+                    Operand::TensorCoords(map, coords),
+                    Operand::Mem(Addr::Reg(mbar), 0),
+                    mask.into(),
+                ],
+            );
+        }
+    }
+
+    /// Before a refill of multicast slot `s` (filled before): thread 0 tells both blocks
+    /// that this block no longer reads it (every thread's reads end before the block
+    /// barrier the tracker placed before this iteration's fills) by arriving on its own
+    /// and the other block's `empty` mbarrier of the slot, then waits for the phase in
+    /// which the other block's thread 0 arrived too: neither block still reads the slot
+    /// the fill writes in both. Only thread 0 waits; the other threads go on.
+    fn multicast_release(&mut self, ring: &TmaRing, mc: (Reg, Reg), s: Reg, bit: Reg, leader: Reg) {
+        let (used, released) = mc;
+        let (rank, _) = self.multicast_regs();
+        let base = self.smem_at(self.smem.offset(ring.mbar));
+        let filled = self.op1(RegClass::B32, "and.b32", vec![used.into(), bit.into()]);
+        let refill = self.op1(
+            RegClass::Pred,
+            "setp.ne.u32",
+            vec![filled.into(), Operand::Imm(0)],
+        );
+        let parity = self.op1(
+            RegClass::B32,
+            "bfe.u32",
+            vec![released.into(), s.into(), Operand::Imm(1)],
+        );
+        let flip = self.op1(
+            RegClass::B32,
+            "selp.b32",
+            vec![bit.into(), Operand::Imm(0), refill.into()],
+        );
+        self.emit(
+            "xor.b32",
+            vec![released.into(), released.into(), flip.into()],
+        );
+        self.emit("or.b32", vec![used.into(), used.into(), bit.into()]);
+        let go = self.op1(
+            RegClass::Pred,
+            "and.pred",
+            vec![refill.into(), leader.into()],
+        );
+        let skip = self.new_label();
+        self.emit_if(Some((go, true)), "bra", vec![Operand::Label(skip)]);
+        let empty_base = self.op1(
+            RegClass::B32,
+            "add.u32",
+            vec![base.into(), Operand::Imm((ring.slots * 8) as i64)],
+        );
+        let empty = self.op1(
+            RegClass::B32,
+            "mad.lo.s32",
+            vec![s.into(), Operand::Imm(8), empty_base.into()],
+        );
+        self.emit(
+            "mbarrier.arrive.shared::cta.b64",
+            vec![Operand::Sym("_".into()), Operand::Mem(Addr::Reg(empty), 0)],
+        );
+        let peer = self.op1(RegClass::B32, "xor.b32", vec![rank.into(), Operand::Imm(1)]);
+        let remote = self.op1(
+            RegClass::B32,
+            "mapa.shared::cluster.u32",
+            vec![empty.into(), peer.into()],
+        );
+        self.emit(
+            "mbarrier.arrive.release.cluster.shared::cluster.b64",
+            vec![Operand::Sym("_".into()), Operand::Mem(Addr::Reg(remote), 0)],
+        );
+        let top = self.new_label();
+        self.place_label(top);
+        let done = self.op1(
+            RegClass::Pred,
+            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64",
+            vec![Operand::Mem(Addr::Reg(empty), 0), parity.into()],
+        );
+        self.emit_if(Some((done, true)), "bra", vec![Operand::Label(top)]);
+        self.place_label(skip);
+    }
+
+    /// This block's cluster rank and the `.b16` mask of both blocks of its pair, made
+    /// once in the prologue.
+    pub(super) fn multicast_regs(&mut self) -> (Reg, Reg) {
+        if let Some(r) = self.tma_multicast {
+            return r;
+        }
+        let r = self.in_prologue(|l| {
+            let rank = l.op1(
+                RegClass::B32,
+                "mov.u32",
+                vec![Operand::Sym("%cluster_ctarank".into())],
+            );
+            let mask = l.op1(RegClass::B16, "mov.b16", vec![Operand::Imm(3)]);
+            (rank, mask)
+        });
+        self.tma_multicast = Some(r);
+        r
+    }
+
+    /// A full barrier of the cluster's threads (release, then acquire), keeping the
+    /// split cluster barrier's discipline (`lower/cluster.rs`: one `arrive` outstanding
+    /// from the body's start to the `wait` before `ret`): the pending phase is completed,
+    /// one full phase is passed, and a new `arrive` is left outstanding.
+    pub(super) fn cluster_sync(&mut self) {
+        self.emit("barrier.cluster.wait", vec![]);
+        self.emit("barrier.cluster.arrive", vec![]);
+        self.emit("barrier.cluster.wait", vec![]);
+        self.emit("barrier.cluster.arrive", vec![]);
     }
 
     /// Before a read of slot `slot` of TMA ring `buf`: wait for its next phase (module
@@ -467,7 +683,7 @@ impl Lowerer<'_> {
                         "add.u32",
                         vec![base.into(), Operand::Imm(((ring.slots + s) * 8) as i64)],
                     );
-                    self.ws_arrive(empty, None);
+                    self.ws_arrive(empty, None, ring.multicast.is_some());
                 }
                 self.place_label(done);
             }

@@ -2,8 +2,11 @@
 //! issues the copies, while the kernel's own warps (the consumers) only compute.
 //!
 //! Assumes: `back::ptx::tma::plan` made every fetch a TMA copy, the dots that read the
-//! rings are wgmma dots (`lower/wgmma.rs` calls [`Lowerer::ws_release`]), the kernel uses no
-//! cluster, and [`Lowerer::ws_split_here`] found the first ring's allocation in the
+//! rings are wgmma dots (`lower/wgmma.rs` calls [`Lowerer::ws_release`]), the kernel
+//! uses no cluster exchange (`cluster_gather`; clusters of two with multicast rings are
+//! fine: a release of a multicast slot arrives on both blocks' `empty` mbarriers, whose
+//! producers each wait for both blocks' consumers, and both the split and the exit are
+//! cluster barriers), and [`Lowerer::ws_split_here`] found the first ring's allocation in the
 //! kernel's top-level block with no shared memory used before it (so the extra warps
 //! have done nothing but uniform scalar work, which is what every thread computes).
 //! Guarantees:
@@ -239,8 +242,13 @@ impl Lowerer<'_> {
         for buf in moved {
             self.alloc_shared_buf(buf);
         }
-        // Every thread (producer warps too) sees the mbarriers initialized.
+        // Every thread (producer warps too) sees the mbarriers initialized; with
+        // multicast rings, every thread of both blocks (the other block's copies and
+        // releases land on them).
         self.emit_cta_barrier_all();
+        if !self.tma.multicast.is_empty() {
+            self.cluster_sync();
+        }
         let tid = self.tid();
         let consumers = self.threads();
         let producer = self.op1(
@@ -271,6 +279,9 @@ impl Lowerer<'_> {
         let Some(split) = self.ws_split.clone() else {
             return Ok(());
         };
+        if crate::ir::uses_clusters(self.func) {
+            self.cluster_epilogue();
+        }
         self.emit("ret", vec![]);
         self.place_label(split.label);
         if self.threads() <= 256 {
@@ -445,7 +456,7 @@ impl Lowerer<'_> {
                 self.mov(ring.prev, cur.into());
             } else {
                 let mbar = self.empty_mbar(&ring, cur);
-                self.ws_arrive(mbar, None);
+                self.ws_arrive(mbar, None, ring.multicast.is_some());
             }
         }
         Ok(())
@@ -459,13 +470,14 @@ impl Lowerer<'_> {
             vec![ring.prev.into(), Operand::Imm(0)],
         );
         let mbar = self.empty_mbar(ring, ring.prev);
-        self.ws_arrive(mbar, Some(valid));
+        self.ws_arrive(mbar, Some(valid), ring.multicast.is_some());
         self.mov(ring.prev, Operand::Imm(-1));
     }
 
     /// Lane 0 of each consumer warp (where `when` holds) arrives on the `empty` mbarrier
-    /// at `mbar`.
-    pub(super) fn ws_arrive(&mut self, mbar: Reg, when: Option<Reg>) {
+    /// at `mbar`, and with `both` (a multicast ring) on the other block's too: its
+    /// producer's next fill writes this block's slot.
+    pub(super) fn ws_arrive(&mut self, mbar: Reg, when: Option<Reg>, both: bool) {
         let lane0 = self.lane0();
         let guard = match when {
             Some(w) => self.op1(RegClass::Pred, "and.pred", vec![w.into(), lane0.into()]),
@@ -479,6 +491,23 @@ impl Lowerer<'_> {
                 Operand::Mem(crate::back::ptx::isa::Addr::Reg(mbar), 0),
             ],
         );
+        if both {
+            let (rank, _) = self.multicast_regs();
+            let peer = self.op1(RegClass::B32, "xor.b32", vec![rank.into(), Operand::Imm(1)]);
+            let remote = self.op1(
+                RegClass::B32,
+                "mapa.shared::cluster.u32",
+                vec![mbar.into(), peer.into()],
+            );
+            self.emit_if(
+                Some((guard, false)),
+                "mbarrier.arrive.release.cluster.shared::cluster.b64",
+                vec![
+                    Operand::Sym("_".into()),
+                    Operand::Mem(crate::back::ptx::isa::Addr::Reg(remote), 0),
+                ],
+            );
+        }
     }
 
     /// Lane 0 of each warp (`(%tid.x & 31) == 0`), made once in the prologue.
