@@ -395,18 +395,15 @@ impl Lowerer<'_> {
             mbar,
             leader,
         };
-        if multicast {
-            self.tma_boxes_multicast(&tile, slot_addr, boxes);
-        } else {
-            self.tma_boxes(&tile, slot_addr, boxes);
-        }
+        self.tma_boxes(&tile, slot_addr, boxes, multicast);
         self.count_fetch();
         Ok(())
     }
 
     /// One `cp.async.bulk.tensor.{2+outer}d` per swizzle atom of the slot: atom `a` holds
-    /// columns `a * atom_cols ..` of every row, at `a * atom_bytes`.
-    fn tma_boxes(&mut self, tile: &SharedTile, slot_addr: Reg, b: TmaBoxes) {
+    /// columns `a * atom_cols ..` of every row, at `a * atom_bytes`. A multicast fill
+    /// copies atoms `2 j + rank` only, each into both blocks of the cluster.
+    fn tma_boxes(&mut self, tile: &SharedTile, slot_addr: Reg, b: TmaBoxes, multicast: bool) {
         let TmaBoxes {
             map,
             col,
@@ -415,82 +412,49 @@ impl Lowerer<'_> {
             mbar,
             leader,
         } = b;
-        let dims = 2 + outer.len();
-        let atoms = tile.cols / tile.atom_cols();
-        for a in 0..atoms {
-            let c = if a == 0 {
-                col
-            } else {
-                self.op1(
-                    RegClass::B32,
-                    "add.s32",
-                    vec![col.into(), Operand::Imm((a * tile.atom_cols()) as i64)],
-                )
-            };
-            let mut coords = vec![c, row];
-            coords.extend_from_slice(outer);
-            self.emit_if(
-                Some((leader, false)),
-                format!(
-                    "cp.async.bulk.tensor.{dims}d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                ),
-                vec![
-                    Operand::Mem(Addr::Reg(slot_addr), (a * tile.atom_bytes()) as i64),
-                    Operand::TensorCoords(map, coords),
-                    Operand::Mem(Addr::Reg(mbar), 0),
-                ],
-            );
-        }
-    }
-
-    /// The boxes of a multicast fill: atoms `2 j + rank` only (at their columns and
-    /// offsets), each copied into both blocks of the cluster.
-    fn tma_boxes_multicast(&mut self, tile: &SharedTile, slot_addr: Reg, b: TmaBoxes) {
-        let TmaBoxes {
-            map,
-            col,
-            row,
-            outer,
-            mbar,
-            leader,
-        } = b;
-        let (rank, mask) = self.multicast_regs();
         let dims = 2 + outer.len();
         let (ac, ab) = (tile.atom_cols(), tile.atom_bytes());
-        let first_col = self.op1(
-            RegClass::B32,
-            "mad.lo.s32",
-            vec![rank.into(), Operand::Imm(ac as i64), col.into()],
-        );
-        let first_dst = self.op1(
-            RegClass::B32,
-            "mad.lo.s32",
-            vec![rank.into(), Operand::Imm(ab as i64), slot_addr.into()],
-        );
         let atoms = tile.cols / ac;
-        for j in 0..atoms / 2 {
-            let c = if j == 0 {
+        let (first_col, first_dst, step, mask, suffix) = if multicast {
+            let (rank, mask) = self.multicast_regs();
+            let c = self.op1(
+                RegClass::B32,
+                "mad.lo.s32",
+                vec![rank.into(), Operand::Imm(ac as i64), col.into()],
+            );
+            let d = self.op1(
+                RegClass::B32,
+                "mad.lo.s32",
+                vec![rank.into(), Operand::Imm(ab as i64), slot_addr.into()],
+            );
+            (c, d, 2, Some(mask), ".multicast::cluster")
+        } else {
+            (col, slot_addr, 1, None, "")
+        };
+        for a in (0..atoms).step_by(step) {
+            let c = if a == 0 {
                 first_col
             } else {
                 self.op1(
                     RegClass::B32,
                     "add.s32",
-                    vec![first_col.into(), Operand::Imm((2 * j * ac) as i64)],
+                    vec![first_col.into(), Operand::Imm((a * ac) as i64)],
                 )
             };
             let mut coords = vec![c, row];
             coords.extend_from_slice(outer);
+            let mut ops = vec![
+                Operand::Mem(Addr::Reg(first_dst), (a * ab) as i64),
+                Operand::TensorCoords(map, coords),
+                Operand::Mem(Addr::Reg(mbar), 0),
+            ];
+            ops.extend(mask.map(Operand::from));
             self.emit_if(
                 Some((leader, false)),
                 format!(
-                    "cp.async.bulk.tensor.{dims}d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                    "cp.async.bulk.tensor.{dims}d.shared::cluster.global.mbarrier::complete_tx::bytes{suffix}"
                 ),
-                vec![
-                    Operand::Mem(Addr::Reg(first_dst), (2 * j * ab) as i64),
-                    Operand::TensorCoords(map, coords),
-                    Operand::Mem(Addr::Reg(mbar), 0),
-                    mask.into(),
-                ],
+                ops,
             );
         }
     }
