@@ -558,7 +558,7 @@ fn a_tile_alike_in_both_blocks_of_a_cluster_is_multicast() {
     let file = SourceFile::new("mc.kg", CLUSTER_GEMM);
     let plain = compile(&file, &CompileOptions::new(Arch::Sm90a)).expect("compiles");
     assert_eq!(plain.launch.cluster_size, 2);
-    assert!(!plain.ptx.contains("multicast"), "{}", plain.ptx);
+    assert!(!plain.ptx.contains(".multicast::cluster"), "{}", plain.ptx);
     let k = build(false, false);
     assert_eq!(k.launch.cluster_size, 2);
     let fills: Vec<&str> = k
@@ -586,7 +586,10 @@ fn a_tile_alike_in_both_blocks_of_a_cluster_is_multicast() {
             .map(|t| t.split(',').next().unwrap_or("").to_string())
     };
     let mc_maps: std::collections::BTreeSet<_> = multicast.iter().map(|l| map(l)).collect();
-    let local: Vec<&&str> = fills.iter().filter(|l| !l.contains("multicast")).collect();
+    let local: Vec<&&str> = fills
+        .iter()
+        .filter(|l| !l.contains(".multicast::cluster"))
+        .collect();
     let local_maps: std::collections::BTreeSet<_> = local.iter().map(|l| map(l)).collect();
     assert_eq!((mc_maps.len(), local_maps.len()), (1, 1), "{fills:?}");
     assert!(mc_maps.is_disjoint(&local_maps), "{fills:?}");
@@ -655,7 +658,7 @@ fn a_tile_alike_in_both_blocks_of_a_cluster_is_multicast() {
         let k = build(tb, skew);
         assert_eq!(k.launch.cluster_size, 2);
         assert!(
-            !k.ptx.contains("multicast"),
+            !k.ptx.contains(".multicast::cluster"),
             "TB={tb} SKEW={skew}\n{}",
             k.ptx
         );
