@@ -11,7 +11,9 @@
 //!   initialized by thread 0 with an arrival count of 1 (`fence.mbarrier_init` makes them
 //!   visible to the copy engine); the tracker orders every other thread's first use
 //!   after that. When the ring is freed, thread 0 invalidates them after a barrier that
-//!   follows every wait.
+//!   follows every wait; a warp-specialized multicast ring's consumers first wait for
+//!   each slot's last `empty` phase, which the other block's final releases complete
+//!   (nothing else waits for them, and they must not land in freed bytes).
 //! - A fetch: after the barrier the tracker asks for (no thread still reads the slot:
 //!   write after read), thread 0 arms the slot's mbarrier with the tile's bytes
 //!   (`mbarrier.arrive.expect_tx`) and issues one box copy per swizzle atom; the engine
@@ -226,11 +228,32 @@ impl Lowerer<'_> {
             return;
         };
         let range = self.smem.range(ring.mbar);
+        let base = self.smem_at(self.smem.offset(ring.mbar));
+        if ring.multicast.is_some() && self.ws == super::ws::WsMode::Consumer {
+            // The other block's consumers release every slot on this block's `empty`
+            // mbarriers too, and nothing waited for their last releases (no refill
+            // follows): wait for each slot's last phase (parity: its fill count's, less
+            // one; a slot never filled passes at once), so that no arrival lands after
+            // the invalidation, or in the bytes once the ring is freed.
+            for s in 0..ring.slots {
+                let n = self.op1(
+                    RegClass::B32,
+                    "bfe.u32",
+                    vec![ring.fetched.into(), Operand::Imm(s as i64), Operand::Imm(1)],
+                );
+                let parity = self.op1(RegClass::B32, "xor.b32", vec![n.into(), Operand::Imm(1)]);
+                let empty = self.op1(
+                    RegClass::B32,
+                    "add.u32",
+                    vec![base.into(), Operand::Imm(((ring.slots + s) * 8) as i64)],
+                );
+                self.mbarrier_wait(empty, parity);
+            }
+        }
         if self.sync.before_write(range) {
             self.emit_bar_sync();
         }
         let leader = self.tma_leader();
-        let base = self.smem_at(self.smem.offset(ring.mbar));
         let count = self.smem.bytes(ring.mbar) / 8;
         for s in 0..count {
             self.emit_if(
@@ -517,18 +540,15 @@ impl Lowerer<'_> {
             "mapa.shared::cluster.u32",
             vec![empty.into(), peer.into()],
         );
+        // The default `.release.cta` / `.acquire.cta`: the peer's reads of the slot
+        // are by its own threads before its block barrier, and the refill is by the
+        // async proxy, ordered by the mbarrier itself. Cluster scope here would make
+        // every release a `MEMBAR.ALL.GPU` and every wait an L1 invalidate (SASS).
         self.emit(
-            "mbarrier.arrive.release.cluster.shared::cluster.b64",
+            "mbarrier.arrive.shared::cluster.b64",
             vec![Operand::Sym("_".into()), Operand::Mem(Addr::Reg(remote), 0)],
         );
-        let top = self.new_label();
-        self.place_label(top);
-        let done = self.op1(
-            RegClass::Pred,
-            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64",
-            vec![Operand::Mem(Addr::Reg(empty), 0), parity.into()],
-        );
-        self.emit_if(Some((done, true)), "bra", vec![Operand::Label(top)]);
+        self.mbarrier_wait(empty, parity);
         self.place_label(skip);
     }
 

@@ -501,7 +501,7 @@ impl Lowerer<'_> {
             );
             self.emit_if(
                 Some((guard, false)),
-                "mbarrier.arrive.release.cluster.shared::cluster.b64",
+                "mbarrier.arrive.shared::cluster.b64",
                 vec![
                     Operand::Sym("_".into()),
                     Operand::Mem(crate::back::ptx::isa::Addr::Reg(remote), 0),
