@@ -187,6 +187,7 @@ pub fn case(
     let tolerance = Tolerance::for_dtype(cfg.param_dtype, f32_tol)
         .max(Tolerance::for_dtype(cfg.state_dtype, f32_tol));
     Case {
+        options: Default::default(),
         kernel: "adamw",
         kernel_name: None,
         label,

@@ -449,6 +449,7 @@ pub fn softmax_bwd_case(seed: u64, dtype: DType, rows: usize, cols: usize, block
         ArgValue::Tensor(poisoned(dtype, &[rows, cols])),
     ];
     Case {
+        options: Default::default(),
         kernel: "softmax_bwd",
         kernel_name: None,
         label,
@@ -504,6 +505,7 @@ fn ce_count_from(
         index_scalar(dtype, ignore),
     ];
     Case {
+        options: Default::default(),
         kernel: "cross_entropy",
         kernel_name: Some("ce_count"),
         label,
@@ -565,6 +567,7 @@ fn ce_loss_mean_from(label: String, loss: Vec<f64>, count: usize, block: usize) 
         ArgValue::Tensor(poisoned(DType::F32, &[1])),
     ];
     Case {
+        options: Default::default(),
         kernel: "cross_entropy",
         kernel_name: Some("ce_loss_mean"),
         label,
@@ -821,6 +824,7 @@ impl CeSpec {
             abs: 1e-12,
         };
         Case {
+            options: Default::default(),
             kernel: if self.window {
                 "cross_entropy_window"
             } else if self.cluster.is_some() {

@@ -71,8 +71,11 @@ pub struct Shape {
     /// `PERSISTENT` on a grid of this many blocks (fewer than the tiles: each block
     /// walks tiles `grid` apart); `None`: one block per tile.
     pub persistent: Option<usize>,
-    /// `CLUSTER = 2`: blocks in clusters of two sharing b's tile (multicast; sm_90a).
+    /// `CLUSTER = 2`: blocks in clusters of two sharing b's tile (sm_90a).
     pub cluster: bool,
+    /// `--multicast` (b's tile copied once for the pair) and `--ws` (a producer
+    /// warpgroup issues the copies).
+    pub options: CaseOptions,
 }
 
 pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
@@ -90,6 +93,7 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         tile: (64, 64, 32),
         persistent: None,
         cluster: false,
+        options: CaseOptions::default(),
     };
     let mut v: Vec<Shape> = Vec::new();
     let extents: &[usize] = match sizes {
@@ -230,14 +234,22 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             ..base
         });
     }
-    // Clusters of two blocks sharing b's tile, multicast (the tuner's 128 x 256 and
-    // 128 x 128 tiles): an odd number of tile rows (the last cluster's second tile past
-    // M), one tile row, K of one partial step, ragged N, a bias with an activation.
-    for (m, n, k, tile, bias) in [
-        (300, 520, 260, (128, 256, 64), false),
-        (129, 130, 72, (128, 128, 64), true),
-        (100, 300, 7, (128, 128, 64), false),
-        (520, 264, 1000, (128, 256, 64), true),
+    // Clusters of two blocks sharing b's tile (the tuner's 128 x 256 and 128 x 128
+    // tiles): an odd number of tile rows (the last cluster's second tile past M), one
+    // tile row, K of one partial step, ragged N, a bias with an activation; the pairs
+    // alone (rows not 16-byte aligned: `cp.async`), with multicast, and with multicast and
+    // a producer warpgroup (rows 16-byte aligned, so that the fetches are TMA copies,
+    // which multicast needs; a test below checks that they multicast).
+    let mc = CaseOptions {
+        multicast: true,
+        ..CaseOptions::default()
+    };
+    let mc_ws = CaseOptions { ws: true, ..mc };
+    for (m, n, k, tile, bias, options) in [
+        (300, 520, 260, (128, 256, 64), false, CaseOptions::default()),
+        (129, 136, 72, (128, 128, 64), true, mc),
+        (100, 304, 8, (128, 128, 64), false, mc),
+        (520, 264, 1000, (128, 256, 64), true, mc_ws),
     ] {
         v.push(Shape {
             m,
@@ -247,6 +259,28 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
             act: if bias { Act::Silu } else { Act::None },
             tile,
             cluster: true,
+            options,
+            ..base
+        });
+    }
+    // Persistent pairs: each pair walks pairs of tiles `blocks / 2` apart, its b fetches
+    // multicast across rounds (the ring kept from tile to tile), uneven shares, odd tile
+    // rows.
+    for (m, n, k, tile, bias, blocks, options) in [
+        (1300, 1032, 72, (128, 256, 64), false, 8, mc),
+        (1000, 600, 304, (128, 256, 64), false, 6, mc_ws),
+        (129, 392, 200, (128, 128, 64), true, 2, mc),
+    ] {
+        v.push(Shape {
+            m,
+            n,
+            k,
+            bias,
+            act: if bias { Act::GeluTanh } else { Act::None },
+            tile,
+            persistent: Some(blocks),
+            cluster: true,
+            options,
             ..base
         });
     }
@@ -336,7 +370,13 @@ pub fn case(seed: u64, s: Shape) -> Case {
         .persistent
         .map(|g| format!(" persistent on {g} blocks"))
         .unwrap_or_default()
-        + if s.cluster { " cluster2" } else { "" };
+        + if s.cluster { " cluster2" } else { "" }
+        + if s.options.multicast {
+            " multicast"
+        } else {
+            ""
+        }
+        + if s.options.ws { " ws" } else { "" };
     let mut rng = Rng::for_case(seed, &label);
     let a = storage(&mut rng, s.dtype, s.m, s.k, s.trans_a);
     let b = storage(&mut rng, s.dtype, s.k, s.n, s.trans_b);
@@ -357,6 +397,7 @@ pub fn case(seed: u64, s: Shape) -> Case {
     ];
     let (bm, bn, bk) = s.tile;
     Case {
+        options: s.options,
         kernel: "gemm",
         kernel_name: None,
         label,
@@ -375,11 +416,10 @@ pub fn case(seed: u64, s: Shape) -> Case {
         ]),
         tensor_align: aligns(PARAMS, &args),
         grid: [
-            if s.cluster {
-                (2 * cdiv(cdiv(s.m, bm), 2) * cdiv(s.n, bn)).max(2)
-            } else {
-                s.persistent
-                    .unwrap_or((cdiv(s.m, bm) * cdiv(s.n, bn)).max(1))
+            match (s.persistent, s.cluster) {
+                (Some(g), _) => g,
+                (None, true) => (2 * cdiv(cdiv(s.m, bm), 2) * cdiv(s.n, bn)).max(2),
+                (None, false) => (cdiv(s.m, bm) * cdiv(s.n, bn)).max(1),
             } as u32,
             1,
             1,
@@ -407,5 +447,40 @@ pub fn case(seed: u64, s: Shape) -> Case {
                 abs: 4e-7 * (s.k as f64).max(1.0),
             },
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kgen_core::{compile, Arch};
+
+    /// The multicast cases reach the multicast copies (TMA fetches of 16-byte aligned
+    /// rows, alike in both blocks of a pair), with a producer warpgroup where they ask
+    /// for one: otherwise they would only test the plain pairs.
+    #[test]
+    fn multicast_cases_compile_to_multicast_copies() {
+        let cases: Vec<Case> = cases(1, SizeSet::Quick)
+            .into_iter()
+            .filter(|c| c.options.multicast)
+            .collect();
+        assert!(cases.len() >= 5, "{} multicast cases", cases.len());
+        for c in &cases {
+            let src = c.source();
+            let k = compile(&src, &c.compile_options(Arch::Sm90a))
+                .unwrap_or_else(|d| panic!("{}: {}", c.label, d.render(&src)));
+            assert!(
+                k.ptx.contains(".multicast::cluster"),
+                "{}: no multicast copy",
+                c.label
+            );
+            assert_eq!(k.launch.cluster_size, 2, "{}", c.label);
+            assert_eq!(
+                k.ptx.contains("setmaxnreg"),
+                c.options.ws,
+                "{}: producer warpgroup",
+                c.label
+            );
+        }
     }
 }

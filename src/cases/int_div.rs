@@ -114,6 +114,7 @@ pub fn case(seed: u64, dt: DType, n: usize, block: usize, d: i64) -> Case {
     ];
     let signed = dt != DType::U32;
     Case {
+        options: Default::default(),
         kernel: "int_div",
         kernel_name: None,
         label,

@@ -62,6 +62,7 @@ pub fn math_case(seed: u64, dtype: DType, n: usize, block: usize, eps: Option<&s
     // The kernel's EPS is the f32 nearest the decimal.
     let eps_val = eps_text.parse::<f32>().expect("a float") as f64;
     Case {
+        options: Default::default(),
         kernel: "lang",
         kernel_name: Some("lang_math"),
         label,
@@ -107,6 +108,7 @@ pub fn int_case(seed: u64, n: usize, block: usize) -> Case {
         ArgValue::Tensor(poisoned(DType::I32, &[n])),
     ];
     Case {
+        options: Default::default(),
         kernel: "lang",
         kernel_name: Some("lang_int"),
         label,
@@ -150,6 +152,7 @@ pub fn rows_case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize
         ArgValue::Tensor(poisoned(DType::I32, &[rows, 2])),
     ];
     Case {
+        options: Default::default(),
         kernel: "lang",
         kernel_name: Some("lang_rows"),
         label,

@@ -119,6 +119,7 @@ fn build(
         f32_arg(eps),
     ];
     Case {
+        options: Default::default(),
         kernel: "layernorm",
         kernel_name: rows_per_block.map(|_| "layernorm_rows"),
         label,

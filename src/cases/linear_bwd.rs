@@ -221,6 +221,7 @@ fn case(seed: u64, s: Shape) -> Case {
         outputs.push(3);
     }
     Case {
+        options: Default::default(),
         kernel: "linear_bwd",
         kernel_name: Some("linear_bwd"),
         label,
@@ -275,6 +276,7 @@ fn db_case(seed: u64, g: usize, n: usize, dtype: DType) -> Case {
     let db = poisoned(dtype, &[n]);
     let args = vec![ArgValue::Tensor(part), ArgValue::Tensor(db)];
     Case {
+        options: Default::default(),
         kernel: "linear_bwd",
         kernel_name: Some("linear_bwd_db"),
         label,

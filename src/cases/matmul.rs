@@ -71,6 +71,7 @@ pub fn case(seed: u64, dtype: DType, m: usize, k: usize, n: usize, a_t: bool, b_
     ];
     let (bm, bn) = (32usize, 32usize);
     Case {
+        options: Default::default(),
         kernel: "matmul",
         kernel_name: None,
         label,

@@ -124,6 +124,18 @@ pub struct Case {
     /// Expected outputs, one Vec per entry of `outputs`, row-major over the tensor view.
     pub reference: Reference,
     pub tolerance: Tolerance,
+    /// Compile options beyond the defines (the CLI's `--ws`, `--multicast`).
+    pub options: CaseOptions,
+}
+
+/// Compile options of a [`Case`] that are not defines: the code-generation forms a
+/// user selects with `kgen compile --ws` / `--multicast` (sm_90a; ignored elsewhere).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaseOptions {
+    /// Warp-specialize a TMA-fed wgmma kernel (`CompileOptions::ws`).
+    pub ws: bool,
+    /// Multicast the tile fetches alike in both blocks of a pair (`CompileOptions::multicast`).
+    pub multicast: bool,
 }
 
 impl Case {
@@ -141,6 +153,8 @@ impl Case {
         o.kernel = self.kernel_name.map(str::to_string);
         o.defines = self.defines.clone();
         o.tensor_align = self.tensor_align.clone();
+        o.ws = self.options.ws;
+        o.multicast = self.options.multicast;
         o
     }
 

@@ -150,6 +150,7 @@ pub fn rmsnorm_bwd_case(
         ArgValue::Tensor(HostTensor::from_f64(dtype, &[1, 1], &[1.0])),
     ];
     Case {
+        options: Default::default(),
         kernel: "rmsnorm_bwd",
         kernel_name: Some("rmsnorm_bwd"),
         label,
@@ -267,6 +268,7 @@ pub fn layernorm_bwd_case(
         "db_partial",
     ];
     Case {
+        options: Default::default(),
         kernel: "layernorm_bwd",
         kernel_name: Some("layernorm_bwd"),
         label,
@@ -356,6 +358,7 @@ pub fn rmsnorm_dw_case(
         ArgValue::Tensor(poisoned(dtype, &[cols])),
     ];
     Case {
+        options: Default::default(),
         kernel: "rmsnorm_bwd",
         kernel_name: Some("rmsnorm_bwd_dw"),
         label,
@@ -395,6 +398,7 @@ pub fn layernorm_dwdb_case(
         ArgValue::Tensor(poisoned(dtype, &[cols])),
     ];
     Case {
+        options: Default::default(),
         kernel: "layernorm_bwd",
         kernel_name: Some("layernorm_bwd_dwdb"),
         label,

@@ -136,6 +136,7 @@ pub fn gram_case(seed: u64, k: usize, mp: usize, n: usize, bm: u32, epi: bool, n
         f32_arg(eps),
     ];
     Case {
+        options: Default::default(),
         kernel: "ns",
         kernel_name: Some("ns_gram"),
         label,
@@ -216,6 +217,7 @@ pub fn update_case(
     // The default tile (128 x 256) and BK 64 divide mp = 128 or 256.
     let grid = persistent.unwrap_or(k * (mp / 128) * n.div_ceil(256));
     Case {
+        options: Default::default(),
         kernel: "ns",
         kernel_name: Some("ns_update"),
         label,
@@ -289,6 +291,7 @@ pub fn prep_case(
         outputs.insert(0, 1);
     }
     Case {
+        options: Default::default(),
         kernel: "muon",
         kernel_name: Some("ns_prep"),
         label,
@@ -374,6 +377,7 @@ pub fn emit_case(seed: u64, k: usize, rows: usize, cols: usize, accum: bool) -> 
         ArgValue::Tensor(hp),
     ];
     Case {
+        options: Default::default(),
         kernel: "muon",
         kernel_name: Some("ns_emit"),
         label,

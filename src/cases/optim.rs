@@ -218,6 +218,7 @@ pub fn adamw_multi_case(
         abs: 2e-7,
     };
     Case {
+        options: Default::default(),
         kernel: "optim",
         kernel_name: Some("adamw_multi"),
         label,
@@ -417,6 +418,7 @@ pub fn grad_stats_case(seed: u64, dt: DType, n: usize, block: usize, grid: Optio
         ArgValue::Tensor(poisoned(DType::F32, &[g, 2])),
     ];
     Case {
+        options: Default::default(),
         kernel: "optim",
         kernel_name: Some("grad_stats"),
         label,
@@ -457,6 +459,7 @@ pub fn finalize_case(seed: u64, rows: usize, max_norm: f64) -> Case {
         f32_arg(max_norm),
     ];
     Case {
+        options: Default::default(),
         kernel: "optim",
         kernel_name: Some("grad_stats_finalize"),
         label,
@@ -500,6 +503,7 @@ pub fn scale_by_case(
         ArgValue::Tensor(HostTensor::from_f64(DType::F32, &[4], &stats)),
     ];
     Case {
+        options: Default::default(),
         kernel: "optim",
         kernel_name: Some("scale_by"),
         label,

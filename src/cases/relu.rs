@@ -61,6 +61,7 @@ pub fn forward_case(seed: u64, dtype: DType, n: usize, block: usize) -> Case {
         ArgValue::Tensor(poisoned(dtype, &[n])),
     ];
     Case {
+        options: Default::default(),
         kernel: "relu",
         kernel_name: Some("relu"),
         label,
@@ -84,6 +85,7 @@ pub fn backward_case(seed: u64, dtype: DType, n: usize, block: usize) -> Case {
         ArgValue::Tensor(poisoned(dtype, &[n])),
     ];
     Case {
+        options: Default::default(),
         kernel: "relu",
         kernel_name: Some("relu_bwd"),
         label,

@@ -112,6 +112,7 @@ pub fn add_case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize,
         f32_arg(eps),
     ];
     Case {
+        options: Default::default(),
         kernel: "rmsnorm",
         kernel_name: Some("add_rmsnorm"),
         label,
@@ -192,6 +193,7 @@ fn build(
         f32_arg(eps),
     ];
     Case {
+        options: Default::default(),
         kernel: "rmsnorm",
         kernel_name: rows_per_block.map(|_| "rmsnorm_rows"),
         label,

@@ -249,6 +249,7 @@ pub fn case(
         ArgValue::Scalar(Scalar::Int(s.seq as i64, DType::I32)),
     ];
     Case {
+        options: Default::default(),
         kernel: "rope",
         kernel_name: Some("rope"),
         label,

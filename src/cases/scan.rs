@@ -421,6 +421,7 @@ pub fn tile_case(seed: u64, s: TileScan) -> Case {
         _ => Tolerance { rel: 0.0, abs: 0.0 },
     };
     Case {
+        options: Default::default(),
         kernel: "scan",
         kernel_name: Some("scan_tile"),
         label,
@@ -455,6 +456,7 @@ pub fn offsets_case(seed: u64, n: usize, block: usize) -> Case {
         ArgValue::Tensor(poisoned(I32, &[n + 1])),
     ];
     Case {
+        options: Default::default(),
         kernel: "scan",
         kernel_name: Some("segment_offsets"),
         label,
@@ -524,6 +526,7 @@ pub fn top_p_case(seed: u64, dtype: DType, rows: usize, v: usize, block: usize) 
         f32_arg(p),
     ];
     Case {
+        options: Default::default(),
         kernel: "scan",
         kernel_name: Some("top_p"),
         label,

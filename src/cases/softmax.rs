@@ -50,6 +50,7 @@ pub fn case(seed: u64, dtype: DType, rows: usize, cols: usize, block: usize) -> 
     let y = poisoned(dtype, &[rows, cols]);
     let args = vec![ArgValue::Tensor(x), ArgValue::Tensor(y)];
     Case {
+        options: Default::default(),
         kernel: "softmax",
         kernel_name: None,
         label,

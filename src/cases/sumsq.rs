@@ -50,6 +50,7 @@ pub fn partials_case(seed: u64, dtype: DType, n: usize, block: usize, grid: Opti
         ArgValue::Tensor(poisoned(DType::F32, &[g])),
     ];
     Case {
+        options: Default::default(),
         kernel: "sumsq",
         kernel_name: Some("sumsq"),
         label,
@@ -85,6 +86,7 @@ pub fn finalize_case(seed: u64, n: usize, out_len: usize, block: usize) -> Case 
         ArgValue::Tensor(poisoned(DType::F32, &[out_len])),
     ];
     Case {
+        options: Default::default(),
         kernel: "sumsq",
         kernel_name: Some("sumsq_finalize"),
         label,

@@ -161,6 +161,7 @@ pub fn forward_case(
         ArgValue::Tensor(poisoned(dtype, &[rows, h])),
     ];
     Case {
+        options: Default::default(),
         kernel: "swiglu",
         kernel_name: Some("swiglu"),
         label,
@@ -205,6 +206,7 @@ pub fn backward_case(
         ArgValue::Tensor(dup),
     ];
     Case {
+        options: Default::default(),
         kernel: "swiglu",
         kernel_name: Some("swiglu_bwd"),
         label,

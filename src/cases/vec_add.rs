@@ -36,6 +36,7 @@ pub fn case(seed: u64, dtype: DType, n: usize, block: usize) -> Case {
         ArgValue::Tensor(out),
     ];
     Case {
+        options: Default::default(),
         kernel: "vec_add",
         kernel_name: None,
         label,
