@@ -38,9 +38,9 @@
 //!   block per K/V block, looping over the query blocks and the GROUP query heads that
 //!   see it) and `attention_bwd_dq` (one block per query block): no atomics, so results
 //!   are deterministic bit for bit. `delta` lives in the handle's f32 workspace.
-//! - Configurations ([`fwd_candidates`], [`dq_candidates`], [`dkdv_config`], measured
+//! - Configurations ([`fwd_candidates`], [`dq_candidates`], [`dkdv_candidates`], measured
 //!   there): forward and dq BM = BN = 64 with 4 warps; dkdv BN = 64 with 4 warps, BM = 32
-//!   (D = 64) or 16 (D = 128: 32 spills on sm_80); delta BM = 64. The candidate lists go
+//!   ([`dkdv_candidates`]); delta BM = 64. The candidate lists go
 //!   through the plan and the tuner as the other ops' do (with one candidate each today,
 //!   nothing is timed). No host synchronization.
 
@@ -213,15 +213,23 @@ pub fn dq_candidates(d: usize, arch: kgen_core::Arch) -> Vec<AttentionConfig> {
     }
 }
 
-/// `attention_bwd_dkdv`'s configuration: BM = 32, BN = 64, 4 warps. Measured on an H200
-/// (sm_90a, B·H = 64, S = 4096, causal / not, µs): D = 128 BM = 32 1306 / 2523, BM = 16
-/// 1821 / 3586, BM = 32 with 8 warps 3826 / 7424, BM = 64 BN = 64 with 8 warps 2492 /
-/// 4734, BN = 32 (BM = 16, 32, 64) 2956 to 3470 / 5692 to 6824; D = 64 BM = 32 799 /
-/// 1544, BM = 16 970 / 1896, 8 warps 2569. (D = 128 with BM = 32 spilled 4 bytes on
-/// sm_80 until the kernel stopped masking keys past S_k, which never reach a stored
-/// row; it now takes 252 registers there.)
-pub fn dkdv_config(_d: usize) -> AttentionConfig {
-    cfg(32, 64, 4)
+/// `attention_bwd_dkdv`'s candidates, the default first: BM = 32, BN = 64, 4 warps.
+/// Measured on an H200 (sm_90a, B·H = 64, S = 4096, causal / not, µs): D = 128 BM = 32
+/// 1306 / 2523, BM = 16 1821 / 3586, BM = 32 with 8 warps 3826 / 7424, BM = 64 BN = 64
+/// with 8 warps 2492 / 4734, BN = 32 (BM = 16, 32, 64) 2956 to 3470 / 5692 to 6824; D = 64
+/// BM = 32 799 / 1544, BM = 16 970 / 1896, 8 warps 2569. (D = 128 with BM = 32 spilled 4
+/// bytes on sm_80 until the kernel stopped masking keys past S_k, which never reach a
+/// stored row; it now takes 252 registers there.)
+///
+/// Tried at D = 128 on sm_90a: BN = 128 on two consumer warpgroups fed by a TMA
+/// producer warpgroup (each warpgroup owns 64 keys' dK and dV, as the 4-warp kernel's
+/// one does). Alone, on random inputs, it was faster (H100, B·H = 128, S = 4096, `kgen
+/// run --bench`: causal 2281 / 2275 against 2503 / 2477 µs), but the op's tuner, timing
+/// the three launches on real data, found it 60–330 µs slower with every dq candidate at
+/// all three D = 128 shapes of `kgen bench` (twenty-fifth session), so it is not offered.
+/// The check of every candidate launches each of this list too.
+pub fn dkdv_candidates(_d: usize, _arch: kgen_core::Arch) -> Vec<AttentionConfig> {
+    vec![cfg(32, 64, 4)]
 }
 
 /// The sizes of one call, checked.
@@ -707,15 +715,20 @@ impl Ops {
             .tensor("dq", dq3)
             .scalar("heads", g.h as i32)
             .scalar("scale", g.scale);
-        let cands = dq_candidates(g.d, self.device.arch());
-        let kv = dkdv_config(g.d);
+        // Every dq candidate with every dK/dV candidate (the dK/dV one varying fastest).
+        let dq_cands = dq_candidates(g.d, self.device.arch());
+        let kv_cands = dkdv_candidates(g.d, self.device.arch());
+        let cands: Vec<(AttentionConfig, AttentionConfig)> = dq_cands
+            .iter()
+            .flat_map(|&c| kv_cands.iter().map(move |&kv| (c, kv)))
+            .collect();
         // The delta scratch is the workspace's start (16-byte aligned, rows of S_q: its
         // alignment follows from lse's shape): not part of the key.
         let key = g
             .key("attention_bwd", causal, layout)
             .tensors(&[q3, k3, v3, o3, &lse2, do3, dq3, dk3, dv3]);
         let resolve = |i: usize| -> Result<Vec<Launch>, OpError> {
-            let c = cands[i];
+            let (c, kv) = cands[i];
             let delta_k = self.kernel(
                 "attention",
                 "attention_bwd_delta",
@@ -759,7 +772,12 @@ impl Ops {
         let r = self.launch_tuned_planned(
             key,
             || g.shape_key(causal, layout),
-            || cands.iter().map(|c| format!("dq {}", c.label())).collect(),
+            || {
+                cands
+                    .iter()
+                    .map(|(c, kv)| format!("dq {} dkdv {}", c.label(), kv.label()))
+                    .collect()
+            },
             resolve,
             run,
         );

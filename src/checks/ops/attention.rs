@@ -495,15 +495,16 @@ pub fn check_errors(ops: &Ops) -> Result<(), String> {
     Ok(())
 }
 
-/// Every candidate of the forward's and dq's tuning lists for `ops`' target
+/// Every candidate of the forward's, dq's and dK/dV's tuning lists for `ops`' target
 /// ([`fwd_candidates`](crate::ops::attention::fwd_candidates),
-/// [`dq_candidates`](crate::ops::attention::dq_candidates)), each launched directly as
+/// [`dq_candidates`](crate::ops::attention::dq_candidates),
+/// [`dkdv_candidates`](crate::ops::attention::dkdv_candidates)), each launched directly as
 /// the op builds it (warp-specialized ones too) on a causal, grouped-query case of
 /// S = 127 with head dimension `head_dim`, outputs poisoned: each must match the f64
 /// reference within [`tolerances`]. The op itself runs only the tuner's pick. Returns
 /// the largest error.
 pub fn check_every_candidate(ops: &Ops, head_dim: usize) -> Result<f64, String> {
-    use crate::ops::attention::{dq_candidates, fwd_candidates};
+    use crate::ops::attention::{dkdv_candidates, dq_candidates, fwd_candidates};
     use crate::ops::KernelArgs;
     let e = |x: OpError| x.to_string();
     let d = ops.device();
@@ -519,7 +520,7 @@ pub fn check_every_candidate(ops: &Ops, head_dim: usize) -> Result<f64, String> 
     let (dout, dov) = t4(qs)?;
     let scale = 0.125f32;
     let (want_o, want_lse) = forward(&qv, &kv, &vv, &c.shape, true, scale as f64);
-    let (want_dq, _, _) = backward(&qv, &kv, &vv, &dov, &c.shape, true, scale as f64);
+    let (want_dq, want_dk, want_dv) = backward(&qv, &kv, &vv, &dov, &c.shape, true, scale as f64);
     let v3 = |t: &Tensor| t.reshape(&[t.shape()[0] * t.shape()[1], s, dd]);
     let (q3, k3, vv3, do3) = (
         v3(&q).map_err(|x| x.to_string())?,
@@ -615,6 +616,37 @@ pub fn check_every_candidate(ops: &Ops, head_dim: usize) -> Result<f64, String> 
         let what = format!("attention_bwd_dq {cand:?} dq");
         worst = worst.max(rel_to_max(&what, &read(&dq)?, &want_dq, 0.0, tg)?);
     }
+    for cand in dkdv_candidates(dd, arch) {
+        let dk = poisoned_on(d, BF, &[2, s, dd])?;
+        let dv = poisoned_on(d, BF, &[2, s, dd])?;
+        let args = KernelArgs::new()
+            .tensor("q", &q3)
+            .tensor("k", &k3)
+            .tensor("v", &vv3)
+            .tensor("dout", &do3)
+            .tensor("lse", &lse)
+            .tensor("delta", &delta)
+            .tensor("dk", &dk)
+            .tensor("dv", &dv)
+            .scalar("heads", 4i32)
+            .scalar("scale", scale);
+        let kern = ops
+            .kernel_variant(
+                "attention",
+                "attention_bwd_dkdv",
+                &defines(cand.bm, cand.bn),
+                Some(cand.warps),
+                cand.variant(),
+                &args,
+            )
+            .map_err(e)?;
+        ops.launch_args(&kern, [s.div_ceil(cand.bn) as u32, 2, 1], &args)
+            .map_err(e)?;
+        for (name, got, want) in [("dk", &dk, &want_dk), ("dv", &dv, &want_dv)] {
+            let what = format!("attention_bwd_dkdv {cand:?} {name}");
+            worst = worst.max(rel_to_max(&what, &read(got)?, want, 0.0, tg)?);
+        }
+    }
     Ok(worst)
 }
 
@@ -640,7 +672,7 @@ mod tests {
         read(t).unwrap().iter().map(|v| v.to_bits()).collect()
     }
 
-    /// Every candidate of the forward's and dq's tuning lists for the interpreter's
+    /// Every candidate of the forward's, dq's and dK/dV's tuning lists for the interpreter's
     /// target (which runs only the first through the op), D = 64 and 128: each matches
     /// the f64 reference within the same tolerances.
     #[test]
