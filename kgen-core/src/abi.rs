@@ -310,6 +310,10 @@ pub struct CompiledKernel {
     pub abi: KernelAbi,
     pub launch: LaunchHints,
     pub spec: Specialization,
+    /// What the compiler did not do of what the specialization asked for, in words
+    /// (a requested `ws` that does not apply, and why); also in the PTX header.
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 #[cfg(test)]

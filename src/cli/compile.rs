@@ -21,8 +21,16 @@ pub fn compile(a: CompileArgs) -> CliResult {
             }
         },
         Emit::Ptx | Emit::Abi => match kgen::core::compile(&file, &opts) {
-            Ok(k) if a.emit == Emit::Abi => AbiDoc::of(&k).to_json(),
-            Ok(k) => k.ptx,
+            Ok(k) => {
+                for n in &k.notes {
+                    eprintln!("note: {n}");
+                }
+                if a.emit == Emit::Abi {
+                    AbiDoc::of(&k).to_json()
+                } else {
+                    k.ptx
+                }
+            }
             Err(d) => {
                 print_diags(&d, &file);
                 return Err(CliError::Exit(1));

@@ -99,7 +99,9 @@ struct SpecArgs {
     /// On sm_90a, warp-specialize a TMA-fed wgmma kernel: one more warpgroup whose
     /// first thread issues every copy, the kernel's warps only compute (with 8 warps,
     /// `setmaxnreg` gives them 232 registers). The attention op uses it at D = 128; on
-    /// the bundled GEMM it measured no faster (docs/PERFORMANCE.md).
+    /// the bundled GEMM it measured no faster (docs/PERFORMANCE.md). Where it cannot
+    /// apply (sm_80, `--no-tma`, rings of fewer than 3 stages, ...) the kernel is
+    /// compiled without it and a note on stderr (and in the PTX header) says why
     #[arg(long)]
     ws: bool,
     /// On sm_90a, in a TMA-fed kernel, write each tile that a tensor's only store writes

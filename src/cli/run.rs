@@ -435,6 +435,9 @@ pub fn run(a: RunArgs) -> CliResult {
         print_diags(&d, &file);
         CliError::Exit(1)
     })?;
+    for n in &kernel.notes {
+        eprintln!("note: {n}");
+    }
     // Outputs: tensors the kernel writes. Pure outputs of random data start poisoned
     // (NaN); an --input array is kept as given.
     let outputs: Vec<usize> = kernel

@@ -504,7 +504,7 @@ pub fn check_errors(ops: &Ops) -> Result<(), String> {
 /// reference within [`tolerances`]. The op itself runs only the tuner's pick. Returns
 /// the largest error.
 pub fn check_every_candidate(ops: &Ops, head_dim: usize) -> Result<f64, String> {
-    use crate::ops::attention::{dkdv_candidates, dq_candidates, fwd_candidates};
+    use crate::ops::attention::{dkdv_candidates, dq_candidates, fwd_candidates, AttentionConfig};
     use crate::ops::KernelArgs;
     let e = |x: OpError| x.to_string();
     let d = ops.device();
@@ -542,6 +542,23 @@ pub fn check_every_candidate(ops: &Ops, head_dim: usize) -> Result<f64, String> 
     };
     let mut worst = 0f64;
     let mut kept = None;
+    // Builds candidate `cand` of kernel `name` as the op does and launches it over
+    // `blocks` row blocks of `heads` heads.
+    let launch =
+        |name: &str, cand: AttentionConfig, args: &KernelArgs, blocks: usize, heads: u32| {
+            let kern = ops
+                .kernel_variant(
+                    "attention",
+                    name,
+                    &defines(cand.bm, cand.bn),
+                    Some(cand.warps),
+                    cand.variant(),
+                    args,
+                )
+                .map_err(e)?;
+            ops.launch_args(&kern, [s.div_ceil(blocks) as u32, heads, 1], args)
+                .map_err(e)
+        };
     for cand in fwd_candidates(dd, arch) {
         let o = poisoned_on(d, BF, &[4, s, dd])?;
         let lse = poisoned_on(d, DType::F32, &[4, s])?;
@@ -553,18 +570,7 @@ pub fn check_every_candidate(ops: &Ops, head_dim: usize) -> Result<f64, String> 
             .tensor("lse", &lse)
             .scalar("heads", 4i32)
             .scalar("scale", scale);
-        let kern = ops
-            .kernel_variant(
-                "attention",
-                "attention_fwd",
-                &defines(cand.bm, cand.bn),
-                Some(cand.warps),
-                cand.variant(),
-                &args,
-            )
-            .map_err(e)?;
-        ops.launch_args(&kern, [s.div_ceil(cand.bm) as u32, 4, 1], &args)
-            .map_err(e)?;
+        launch("attention_fwd", cand, &args, cand.bm, 4)?;
         let what = |t: &str| format!("attention_fwd {cand:?} {t}");
         let eo = rel_to_max(&what("o"), &read(&o)?, &want_o, 0.0, to)?;
         let el = rel_to_max(&what("lse"), &read(&lse)?, &want_lse, 0.0, 1e-4)?;
@@ -589,59 +595,35 @@ pub fn check_every_candidate(ops: &Ops, head_dim: usize) -> Result<f64, String> 
         .map_err(e)?;
     ops.launch_args(&kern, [s.div_ceil(64) as u32, 4, 1], &dargs)
         .map_err(e)?;
-    for cand in dq_candidates(dd, arch) {
-        let dq = poisoned_on(d, BF, &[4, s, dd])?;
-        let args = KernelArgs::new()
+    // The backward kernels' inputs; each adds its outputs and the scalars.
+    let inputs = || {
+        KernelArgs::new()
             .tensor("q", &q3)
             .tensor("k", &k3)
             .tensor("v", &vv3)
             .tensor("dout", &do3)
             .tensor("lse", &lse)
             .tensor("delta", &delta)
+    };
+    for cand in dq_candidates(dd, arch) {
+        let dq = poisoned_on(d, BF, &[4, s, dd])?;
+        let args = inputs()
             .tensor("dq", &dq)
             .scalar("heads", 4i32)
             .scalar("scale", scale);
-        let kern = ops
-            .kernel_variant(
-                "attention",
-                "attention_bwd_dq",
-                &defines(cand.bm, cand.bn),
-                Some(cand.warps),
-                cand.variant(),
-                &args,
-            )
-            .map_err(e)?;
-        ops.launch_args(&kern, [s.div_ceil(cand.bm) as u32, 4, 1], &args)
-            .map_err(e)?;
+        launch("attention_bwd_dq", cand, &args, cand.bm, 4)?;
         let what = format!("attention_bwd_dq {cand:?} dq");
         worst = worst.max(rel_to_max(&what, &read(&dq)?, &want_dq, 0.0, tg)?);
     }
     for cand in dkdv_candidates(dd, arch) {
         let dk = poisoned_on(d, BF, &[2, s, dd])?;
         let dv = poisoned_on(d, BF, &[2, s, dd])?;
-        let args = KernelArgs::new()
-            .tensor("q", &q3)
-            .tensor("k", &k3)
-            .tensor("v", &vv3)
-            .tensor("dout", &do3)
-            .tensor("lse", &lse)
-            .tensor("delta", &delta)
+        let args = inputs()
             .tensor("dk", &dk)
             .tensor("dv", &dv)
             .scalar("heads", 4i32)
             .scalar("scale", scale);
-        let kern = ops
-            .kernel_variant(
-                "attention",
-                "attention_bwd_dkdv",
-                &defines(cand.bm, cand.bn),
-                Some(cand.warps),
-                cand.variant(),
-                &args,
-            )
-            .map_err(e)?;
-        ops.launch_args(&kern, [s.div_ceil(cand.bn) as u32, 2, 1], &args)
-            .map_err(e)?;
+        launch("attention_bwd_dkdv", cand, &args, cand.bn, 2)?;
         for (name, got, want) in [("dk", &dk, &want_dk), ("dv", &dv, &want_dv)] {
             let what = format!("attention_bwd_dkdv {cand:?} {name}");
             worst = worst.max(rel_to_max(&what, &read(got)?, want, 0.0, tg)?);

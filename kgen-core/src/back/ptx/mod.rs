@@ -157,14 +157,60 @@ pub fn write(
     // Two consumer warpgroups of a specialized block get `CONSUMER_REGS` each, past the
     // soft limit that holds for every other block.
     let two_consumer_wgs = specialize && threads == 2 * lower::PRODUCER_THREADS;
+    // Why a requested producer warpgroup is not there (the kernel is still correct and
+    // complete without one): said in the PTX header and in `CompiledKernel::notes`.
+    let mut ws_refused = if !spec.ws {
+        None
+    } else if !target.caps.wgmma {
+        Some(format!(
+            "{} has no TMA copy engine or wgmma: the kernel is the same without it",
+            target.arch
+        ))
+    } else if specialize {
+        None
+    } else if !deep_rings {
+        Some("a pipelined ring has fewer than 3 slots (`--stages 3` or more)".to_string())
+    } else if min_blocks != 1 {
+        Some(format!(
+            "{min_blocks} blocks per SM are asked for (`--min-blocks-per-sm`); the producer needs a block per SM"
+        ))
+    } else if ws_threads > target.max_threads_per_block {
+        Some(format!(
+            "the producer's {} threads would make {ws_threads}, over {}'s {} per block",
+            lower::PRODUCER_THREADS,
+            target.arch,
+            target.max_threads_per_block
+        ))
+    } else {
+        Some(format!(
+            "the estimated {} registers per thread do not fit beside the producer's threads",
+            est.regs + limits::REG_OVERHEAD
+        ))
+    };
     if !two_consumer_wgs && est.regs > limits::register_limit(target, threads) {
-        return Err(limits::too_many_registers(
-            func, &est, target, num_warps, first_span,
-        ));
+        let mut d = limits::too_many_registers(func, &est, target, num_warps, first_span);
+        if let Some(why) = &ws_refused {
+            // With a producer, two consumer warpgroups would have had more registers.
+            d.0 =
+                d.0.into_iter()
+                    .map(|x| {
+                        x.with_note(format!(
+                            "warp specialization (`--ws`) was not applied: {why}"
+                        ))
+                    })
+                    .collect();
+        }
+        return Err(d);
     }
     let mut lowered = lower::Lowerer::new(func, &asg, target)
         .with_tma(tma.clone(), specialize)
         .run(&loads)?;
+    if specialize && target.caps.wgmma && lowered.producer_threads == 0 {
+        ws_refused = Some(
+            "no pipelined `dot` loop is fed by TMA copies (sm_90a's wgmma path, without `--no-tma`)"
+                .to_string(),
+        );
+    }
     if lowered.producer_threads > 0
         && lowered.smem_bytes + lowered.cluster_slots * lower::SLOT_BYTES
             > target.max_shared_bytes_per_block
@@ -172,10 +218,20 @@ pub fn write(
         // The rings, alive across the persistent loop, leave the epilogue too little
         // shared memory: the kernel without a producer warpgroup (its rings are freed
         // before the epilogue) may fit.
+        ws_refused = Some(format!(
+            "with it the rings stay alive through the epilogue, and {} bytes of shared memory exceed {}'s {}",
+            lowered.smem_bytes + lowered.cluster_slots * lower::SLOT_BYTES,
+            target.arch,
+            target.max_shared_bytes_per_block
+        ));
         lowered = lower::Lowerer::new(func, &asg, target)
             .with_tma(tma, false)
             .run(&loads)?;
     }
+    let notes: Vec<String> = ws_refused
+        .map(|why| format!("warp specialization (`--ws`) not applied: {why}"))
+        .into_iter()
+        .collect();
     let threads = threads + lowered.producer_threads;
     let cluster_bytes = lowered.cluster_slots * lower::SLOT_BYTES;
     if lowered.smem_bytes + cluster_bytes > target.max_shared_bytes_per_block {
@@ -275,7 +331,10 @@ pub fn write(
                 lowered.smem_bytes,
                 if dynamic { " (dynamic)" } else { "" }
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(notes.iter().cloned())
+        .collect(),
     };
     let launch = LaunchHints {
         threads_per_block: threads,
@@ -292,6 +351,7 @@ pub fn write(
         abi,
         launch,
         spec: spec.clone(),
+        notes,
     })
 }
 

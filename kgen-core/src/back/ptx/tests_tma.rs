@@ -249,6 +249,11 @@ fn shallow_rings_wait_without_consuming_and_are_not_warp_specialized() {
         });
         assert_eq!(ws.launch.threads_per_block, 256, "{}", ws.entry);
         assert!(!ws.ptx.contains("setmaxnreg"), "{}", ws.entry);
+        // The compiler says so, and why (the CLI prints the notes; the PTX header too).
+        let why = "warp specialization (`--ws`) not applied: a pipelined ring has fewer \
+                   than 3 slots (`--stages 3` or more)";
+        assert_eq!(ws.notes, vec![why.to_string()], "{}", ws.entry);
+        assert!(ws.ptx.contains(&format!("// {why}\n")), "{}", ws.ptx);
         if let Some(log) = assemble(&k.ptx, "sm_90a", "shallow_ring") {
             assert!(log.contains("0 bytes spill stores"), "{log}");
         }
@@ -258,6 +263,74 @@ fn shallow_rings_wait_without_consuming_and_are_not_warp_specialized() {
         o.ws = true;
     });
     assert_eq!(deep.launch.threads_per_block, 384);
+    assert!(deep.notes.is_empty(), "{:?}", deep.notes);
+    assert!(!deep.ptx.contains("not applied"));
+}
+
+/// A requested producer warpgroup that cannot apply is a note, with the reason, not a
+/// silent fallback: no TMA ring to feed (`--no-tma`; sm_80), and, on a kernel over the
+/// register limit without it, a note on that error.
+#[test]
+fn a_refused_warp_specialization_says_why() {
+    let no_tma = gemm(Arch::Sm90a, |o| {
+        o.ws = true;
+        o.no_tma = true;
+    });
+    assert_eq!(no_tma.launch.threads_per_block, 256);
+    assert_eq!(
+        no_tma.notes,
+        vec![
+            "warp specialization (`--ws`) not applied: no pipelined `dot` loop is fed by TMA \
+              copies (sm_90a's wgmma path, without `--no-tma`)"
+                .to_string()
+        ]
+    );
+    let sm80 = gemm(Arch::Sm80, |o| {
+        o.ws = true;
+        o.num_stages = Some(3);
+    });
+    assert_eq!(
+        sm80.notes,
+        vec![
+            "warp specialization (`--ws`) not applied: sm_80 has no TMA copy engine or \
+              wgmma: the kernel is the same without it"
+                .to_string()
+        ]
+    );
+    let plain = gemm(Arch::Sm80, |o| o.num_stages = Some(3));
+    assert!(plain.notes.is_empty());
+    // 128 x 128 f32 accumulator plus two more tiles of it, 8 warps, 2 stages: over the
+    // limit without a producer, which a 2-slot ring cannot have.
+    let src = r#"
+kernel big(a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: tensor<bf16, 2, contiguous>) {
+    let mut acc = zeros([128, 128], f32);
+    let mut acc2 = zeros([128, 128], f32);
+    let mut acc3 = zeros([128, 128], f32);
+    for kt in 0..cdiv(shape(a, 1), 64) {
+        let ta = load(a, [bid(0), kt], [128, 64]);
+        let tb = load(b, [kt, bid(1)], [64, 128]);
+        acc = dot(ta, tb, acc);
+        acc2 = acc2 + acc;
+        acc3 = acc3 + acc2 * acc;
+    }
+    store(c, [bid(0), bid(1)], (acc + acc2 + acc3) as bf16);
+}
+"#;
+    let file = SourceFile::new("big.kg", src);
+    let mut o = CompileOptions::new(Arch::Sm90a);
+    o.num_warps = Some(8);
+    o.num_stages = Some(2);
+    o.ws = true;
+    let d = compile(&file, &o).expect_err("over the register limit");
+    let text = d.render(&file);
+    assert!(text.contains("error[E0801]"), "{text}");
+    assert!(
+        text.contains(
+            "= warp specialization (`--ws`) was not applied: a pipelined ring has fewer than \
+             3 slots (`--stages 3` or more)"
+        ),
+        "{text}"
+    );
 }
 
 /// A persistent kernel whose tile index is corrected in a runtime `if` (the shape of the
