@@ -491,7 +491,6 @@ impl Lowerer<'_> {
     fn multicast_release(&mut self, ring: &TmaRing, mc: (Reg, Reg), s: Reg, bit: Reg, leader: Reg) {
         let (used, released) = mc;
         let (rank, _) = self.multicast_regs();
-        let base = self.smem_at(self.smem.offset(ring.mbar));
         let filled = self.op1(RegClass::B32, "and.b32", vec![used.into(), bit.into()]);
         let refill = self.op1(
             RegClass::Pred,
@@ -520,16 +519,7 @@ impl Lowerer<'_> {
         );
         let skip = self.new_label();
         self.emit_if(Some((go, true)), "bra", vec![Operand::Label(skip)]);
-        let empty_base = self.op1(
-            RegClass::B32,
-            "add.u32",
-            vec![base.into(), Operand::Imm((ring.slots * 8) as i64)],
-        );
-        let empty = self.op1(
-            RegClass::B32,
-            "mad.lo.s32",
-            vec![s.into(), Operand::Imm(8), empty_base.into()],
-        );
+        let empty = self.empty_mbar(ring, s);
         self.emit(
             "mbarrier.arrive.shared::cta.b64",
             vec![Operand::Sym("_".into()), Operand::Mem(Addr::Reg(empty), 0)],
