@@ -187,10 +187,11 @@ pub fn write(
             est.regs + limits::REG_OVERHEAD
         ))
     };
-    if !two_consumer_wgs && est.regs > limits::register_limit(target, threads) {
+    // Over the register limit without a producer (whose consumers get more): E0801,
+    // with the reason a requested producer is not there.
+    let over_limit = |why: &Option<String>| {
         let mut d = limits::too_many_registers(func, &est, target, num_warps, first_span);
-        if let Some(why) = &ws_refused {
-            // With a producer, two consumer warpgroups would have had more registers.
+        if let Some(why) = why {
             d.0 =
                 d.0.into_iter()
                     .map(|x| {
@@ -200,16 +201,29 @@ pub fn write(
                     })
                     .collect();
         }
-        return Err(d);
+        d
+    };
+    let over = est.regs > limits::register_limit(target, threads);
+    if !two_consumer_wgs && over {
+        return Err(over_limit(&ws_refused));
     }
     let mut lowered = lower::Lowerer::new(func, &asg, target)
         .with_tma(tma.clone(), specialize)
         .run(&loads)?;
-    if specialize && target.caps.wgmma && lowered.producer_threads == 0 {
-        ws_refused = Some(
+    if specialize && lowered.producer_threads == 0 {
+        ws_refused = Some(if target.caps.wgmma {
             "no pipelined `dot` loop is fed by TMA copies (sm_90a's wgmma path, without `--no-tma`)"
-                .to_string(),
-        );
+                .to_string()
+        } else {
+            format!(
+                "{} has no TMA copy engine or wgmma: the kernel is the same without it",
+                target.arch
+            )
+        });
+        // The limit was waived for a producer that did not come.
+        if over {
+            return Err(over_limit(&ws_refused));
+        }
     }
     if lowered.producer_threads > 0
         && lowered.smem_bytes + lowered.cluster_slots * lower::SLOT_BYTES

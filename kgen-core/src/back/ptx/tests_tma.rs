@@ -331,6 +331,43 @@ kernel big(a: tensor<bf16, 2, contiguous>, b: tensor<bf16, 2, contiguous>, c: te
         ),
         "{text}"
     );
+    // With 4 stages the producer would take the kernel past the limit (its consumers
+    // get 232 registers), but without TMA (`--no-tma`; sm_80) there is none: the limit
+    // holds again, with the reason.
+    for (arch, no_tma, why) in [
+        (
+            Arch::Sm90a,
+            true,
+            "no pipelined `dot` loop is fed by TMA copies (sm_90a's wgmma path, without \
+             `--no-tma`)",
+        ),
+        (
+            Arch::Sm80,
+            false,
+            "sm_80 has no TMA copy engine or wgmma: the kernel is the same without it",
+        ),
+    ] {
+        let mut o = CompileOptions::new(arch);
+        o.num_warps = Some(8);
+        o.num_stages = Some(3);
+        o.ws = true;
+        o.no_tma = no_tma;
+        let d = compile(&file, &o).expect_err("over the register limit");
+        let text = d.render(&file);
+        assert!(text.contains("error[E0801]"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "= warp specialization (`--ws`) was not applied: {why}"
+            )),
+            "{text}"
+        );
+    }
+    let mut o = CompileOptions::new(Arch::Sm90a);
+    o.num_warps = Some(8);
+    o.num_stages = Some(3);
+    o.ws = true;
+    let k = compile(&file, &o).unwrap_or_else(|d| panic!("{}", d.render(&file)));
+    assert_eq!(k.launch.threads_per_block, 384, "with the producer it fits");
 }
 
 /// A persistent kernel whose tile index is corrected in a runtime `if` (the shape of the
