@@ -299,6 +299,11 @@ pub struct LaunchHints {
     /// the runtime launches it as a programmatic dependent (sm_90): it may start while
     /// that kernel runs. Always false for sm_80.
     pub programmatic_dependency: bool,
+    /// The kernel calls `grid_sync(...)`: every block of the grid must be resident at
+    /// once, so the runtime launches it cooperatively (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`),
+    /// which refuses a grid larger than the GPU holds instead of letting it hang.
+    #[serde(default)]
+    pub cooperative: bool,
 }
 
 /// The result of compiling one specialization of one kernel for one arch.

@@ -91,6 +91,11 @@ pub struct LaunchDoc {
     /// overlap the kernel before it. Optional: a plain launch is stream-ordered, so the
     /// wait returns at once and the results are the same.
     pub programmatic_dependent_launch: bool,
+    /// The kernel calls `grid_sync`: launch it with `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`
+    /// (or `cuLaunchCooperativeKernel`) and a grid no larger than the GPU holds at once
+    /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor` times the multiprocessors). Not
+    /// optional: a grid that does not fit would wait forever in its first `grid_sync`.
+    pub cooperative_launch: bool,
     /// The same as `specialization.min_blocks_per_sm` (a hint already in the PTX).
     pub min_blocks_per_sm: Option<u32>,
 }
@@ -312,6 +317,7 @@ impl AbiDoc {
                 cluster_size: l.cluster_size,
                 needs_non_portable_cluster_attribute: l.cluster_size > MAX_PORTABLE_CLUSTER_SIZE,
                 programmatic_dependent_launch: l.programmatic_dependency,
+                cooperative_launch: l.cooperative,
                 min_blocks_per_sm: k.spec.min_blocks_per_sm,
             },
             params,

@@ -106,6 +106,31 @@ pub struct LoadedKernel {
     pub num_regs: u32,
     /// Local memory per thread (spills); 0 for a healthy kernel.
     pub local_bytes: u32,
+    /// Blocks of it one multiprocessor holds at once, asked of the driver on first use
+    /// ([`LoadedKernel::blocks_per_sm`]).
+    blocks_per_sm: std::sync::OnceLock<u32>,
+}
+
+impl LoadedKernel {
+    /// How many blocks of this kernel one multiprocessor holds at once, given its threads
+    /// per block, registers and shared memory (`cuOccupancyMaxActiveBlocksPerMultiprocessor`
+    /// with the launch's dynamic shared memory). Asked of the driver once, then cached.
+    pub(crate) fn blocks_per_sm(&self, gpu: &Gpu) -> Result<u32, RuntimeError> {
+        if let Some(&b) = self.blocks_per_sm.get() {
+            return Ok(b);
+        }
+        gpu.ctx.bind_to_thread().op("binding the context")?;
+        let l = self.kernel.launch;
+        let b = self
+            .func
+            .occupancy_max_active_blocks_per_multiprocessor(
+                l.threads_per_block,
+                l.dynamic_shared_bytes as usize,
+                None,
+            )
+            .op("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+        Ok(*self.blocks_per_sm.get_or_init(|| b))
+    }
 }
 
 /// What one launch measured.
@@ -337,13 +362,15 @@ impl Gpu {
             func,
             num_regs,
             local_bytes,
+            blocks_per_sm: std::sync::OnceLock::new(),
         })
     }
 
     /// Runs a loaded kernel over `grid` on host arguments: checks them against the ABI
-    /// (before anything touches the GPU), copies every tensor to the device, launches,
-    /// synchronizes and copies back the tensors the kernel writes. A grid with a zero
-    /// extent launches nothing.
+    /// (before anything touches the GPU), copies every tensor to the device, launches
+    /// (cooperatively for a kernel that calls `grid_sync`, after checking that its grid
+    /// fits at once), synchronizes and copies back the tensors the kernel writes. A grid
+    /// with a zero extent launches nothing.
     pub fn run(
         &self,
         k: &LoadedKernel,
@@ -368,6 +395,14 @@ impl Gpu {
         args: &mut [ArgValue],
     ) -> Result<RunStats, RuntimeError> {
         self.ctx.bind_to_thread().op("binding the context")?;
+        let cooperative = k.kernel.launch.cooperative;
+        if cooperative {
+            let limit = crate::launch::CoResident::Gpu {
+                per_sm: k.blocks_per_sm(self)?,
+                sms: self.info.sm_count,
+            };
+            crate::launch::check_cooperative_grid(&k.kernel.entry, grid, limit)?;
+        }
         let stream = &self.stream;
         // Device copies of every tensor, whole storage (outputs keep their poison).
         let mut buffers: Vec<Option<CudaSlice<u8>>> = Vec::with_capacity(args.len());
@@ -435,7 +470,11 @@ impl Gpu {
                     None => b.arg(v),
                 };
             }
-            unsafe { b.launch(cfg) }.op("cuLaunchKernel")?;
+            if cooperative {
+                unsafe { b.launch_cooperative(cfg) }.op("cuLaunchCooperativeKernel")?;
+            } else {
+                unsafe { b.launch(cfg) }.op("cuLaunchKernel")?;
+            }
         }
         end.record(stream).op("cuEventRecord")?;
         stream

@@ -9,7 +9,10 @@
 //!
 //! The warm path on a GPU is: the checks, packing the parameter values into a small
 //! array, and `cuLaunchKernel` on the caller's stream: no allocation besides two small
-//! vectors, no synchronization.
+//! vectors, no synchronization. A kernel whose launch hints ask for programmatic
+//! dependency or a cooperative launch (it calls `grid_sync`) goes through
+//! `cuLaunchKernelEx` with the matching attributes; a cooperative grid is first checked
+//! against the blocks the device holds at once ([`Device::max_cooperative_blocks`]).
 
 use crate::device::{Device, Stream};
 use crate::error::{ArgError, DriverResultExt, RuntimeError};
@@ -70,6 +73,54 @@ pub fn check_cluster_grid(k: &Kernel, grid: [u32; 3]) -> Result<(), RuntimeError
         )));
     }
     Ok(())
+}
+
+/// Where the blocks of a cooperative grid (a kernel that calls `grid_sync`) must all fit
+/// at once.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum CoResident {
+    /// `per_sm` blocks of the kernel on each of `sms` multiprocessors.
+    Gpu { per_sm: u32, sms: u32 },
+    /// The interpreter: one OS thread per block, at most
+    /// [`kgen_core::interp::MAX_GRID_SYNC_BLOCKS`].
+    Interpreter,
+}
+
+impl CoResident {
+    /// The most blocks resident at once.
+    pub(crate) fn blocks(self) -> u64 {
+        match self {
+            CoResident::Gpu { per_sm, sms } => per_sm as u64 * sms as u64,
+            CoResident::Interpreter => kgen_core::interp::MAX_GRID_SYNC_BLOCKS as u64,
+        }
+    }
+}
+
+/// Refuses a grid of the cooperative kernel `entry` with more blocks than `limit` holds
+/// at once: its first `grid_sync` would wait forever for blocks that cannot start (the
+/// driver would refuse too, with `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`).
+pub(crate) fn check_cooperative_grid(
+    entry: &str,
+    grid: [u32; 3],
+    limit: CoResident,
+) -> Result<(), RuntimeError> {
+    let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
+    let max = limit.blocks();
+    if blocks <= max {
+        return Ok(());
+    }
+    let holds = match limit {
+        CoResident::Gpu { per_sm, sms } => format!(
+            "this GPU holds at most {max} ({per_sm} per multiprocessor × {sms} multiprocessors)"
+        ),
+        CoResident::Interpreter => {
+            format!("the interpreter runs at most {max} (one thread per block)")
+        }
+    };
+    Err(RuntimeError::LaunchConfig(format!(
+        "kernel `{entry}` calls grid_sync: its {blocks} blocks must all be resident at once, \
+         and {holds}; launch at most {max} blocks (Device::max_cooperative_blocks)"
+    )))
 }
 
 /// A grid of `cdiv(n, block)` blocks along x (at least one dimension check).
@@ -323,7 +374,7 @@ pub(crate) fn tensor_maps(
 /// Parameters packed on the stack up to this many (no allocation per launch).
 const INLINE_PARAMS: usize = 48;
 
-/// Packs the parameters and calls cuLaunchKernel.
+/// Packs the parameters and queues the kernel ([`launch_raw`]).
 fn launch_cuda(
     gpu: Option<&crate::Gpu>,
     k: &Kernel,
@@ -357,48 +408,64 @@ fn launch_cuda(
     for (i, m) in maps.iter_mut() {
         ptrs[*i] = m.as_mut() as *mut crate::TensorMapArg as *mut std::ffi::c_void;
     }
-    let launch = k.compiled.launch;
-    if launch.programmatic_dependency {
-        return launch_dependent(func, grid, launch, stream, ptrs);
-    }
-    // SAFETY: `func` is a loaded function of the current context; `ptrs` holds one
-    // pointer per PTX parameter (checked against the PTX at load), each to a u64 whose
-    // low bytes hold the value (little-endian), alive until cuLaunchKernel returns.
-    unsafe {
-        sys::cuLaunchKernel(
-            func,
-            grid[0],
-            grid[1],
-            grid[2],
-            launch.threads_per_block,
-            1,
-            1,
-            launch.dynamic_shared_bytes,
-            stream,
-            ptrs.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-        .result()
-    }
-    .op("cuLaunchKernel")
+    launch_raw(func, grid, k.compiled.launch, stream, ptrs)
 }
 
-/// `cuLaunchKernelEx` with programmatic stream serialization: the kernel (which calls
-/// `gdc_wait()` before reading its predecessor's output) may start while the kernel
-/// queued before it runs, from that kernel's `gdc_launch_dependents()` or its blocks'
-/// exit on.
-fn launch_dependent(
+/// Queues `func` on `stream` with one pointer per PTX parameter in `ptrs`: a plain
+/// `cuLaunchKernel`, or `cuLaunchKernelEx` with the attributes `launch` asks for:
+/// - programmatic stream serialization (`programmatic_dependency`): the kernel (which
+///   calls `gdc_wait()` before reading its predecessor's output) may start while the
+///   kernel queued before it runs, from that kernel's `gdc_launch_dependents()` or its
+///   blocks' exit on;
+/// - cooperative (`cooperative`, the kernel calls `grid_sync`): every block resident at
+///   once. The caller has checked the grid fits ([`check_cooperative_grid`]).
+///
+/// Both go through the same call, so a launch captured into a CUDA graph keeps them.
+fn launch_raw(
     func: sys::CUfunction,
     grid: [u32; 3],
     launch: kgen_core::abi::LaunchHints,
     stream: sys::CUstream,
     ptrs: &mut [*mut std::ffi::c_void],
 ) -> Result<(), RuntimeError> {
-    // SAFETY: the attribute is plain data; the union's `programmaticStreamSerializationAllowed`
-    // member is the one this attribute id reads.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    if !launch.programmatic_dependency && !launch.cooperative {
+        // SAFETY: `func` is a loaded function of the current context; `ptrs` holds one
+        // pointer per PTX parameter (checked against the PTX at load), each to a u64
+        // whose low bytes hold the value (little-endian), or to a tensor map, alive
+        // until cuLaunchKernel returns.
+        return unsafe {
+            sys::cuLaunchKernel(
+                func,
+                grid[0],
+                grid[1],
+                grid[2],
+                launch.threads_per_block,
+                1,
+                1,
+                launch.dynamic_shared_bytes,
+                stream,
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()
+        }
+        .op("cuLaunchKernel");
+    }
+    // SAFETY: the attributes are plain data (all zeros is a valid value); each one sets
+    // the union member its id reads.
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut n = 0;
+    if launch.programmatic_dependency {
+        attrs[n].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[n].value.programmaticStreamSerializationAllowed = 1;
+        n += 1;
+    }
+    if launch.cooperative {
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attrs[n].value.cooperative = 1;
+        n += 1;
+    }
     let config = sys::CUlaunchConfig {
         gridDimX: grid[0],
         gridDimY: grid[1],
@@ -408,15 +475,46 @@ fn launch_dependent(
         blockDimZ: 1,
         sharedMemBytes: launch.dynamic_shared_bytes,
         hStream: stream,
-        attrs: &mut attr,
-        numAttrs: 1,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: n as u32,
     };
-    // SAFETY: as for `cuLaunchKernel` in `launch_cuda`; `config` and `attr` outlive the
-    // call.
+    // SAFETY: as for `cuLaunchKernel` above; `config` and the first `n` entries of
+    // `attrs` (all set) outlive the call.
     unsafe {
         sys::cuLaunchKernelEx(&config, func, ptrs.as_mut_ptr(), std::ptr::null_mut()).result()
     }
     .op("cuLaunchKernelEx")
+}
+
+/// Where the blocks of `k` must fit when launched cooperatively on `device`. Binds the
+/// GPU's context to this thread when the driver has to be asked.
+fn co_resident(device: &Device, k: &Kernel) -> Result<CoResident, RuntimeError> {
+    if k.device_id != device.inner.id {
+        return Err(RuntimeError::WrongDevice(format!(
+            "kernel `{}` was loaded on another device",
+            k.compiled.entry
+        )));
+    }
+    match (&k.exec, device.gpu()) {
+        (Exec::Cuda(loaded), Some(gpu)) => Ok(CoResident::Gpu {
+            per_sm: loaded.blocks_per_sm(gpu)?,
+            sms: gpu.info().sm_count,
+        }),
+        (Exec::Interp(_), None) => Ok(CoResident::Interpreter),
+        _ => Err(RuntimeError::WrongDevice(format!(
+            "kernel `{}` was loaded on another device",
+            k.compiled.entry
+        ))),
+    }
+}
+
+/// Refuses a grid of a kernel that calls `grid_sync` larger than `device` holds at once
+/// (nothing to check for other kernels).
+fn check_cooperative(device: &Device, k: &Kernel, grid: [u32; 3]) -> Result<(), RuntimeError> {
+    if !k.compiled.launch.cooperative {
+        return Ok(());
+    }
+    check_cooperative_grid(&k.compiled.entry, grid, co_resident(device, k)?)
 }
 
 impl Device {
@@ -440,6 +538,7 @@ impl Device {
         if grid.contains(&0) {
             return Ok(());
         }
+        check_cooperative(self, k, grid)?;
         match &k.exec {
             Exec::Cuda(loaded) => {
                 // The caller's thread may not have the context current (a worker
@@ -461,6 +560,20 @@ impl Device {
             }
             Exec::Interp(func) => run_interpreted(func, grid, &k.compiled.abi.source_params, args),
         }
+    }
+
+    /// The most blocks of `k` that can be resident at once on this device: the size of
+    /// the largest grid `k` may be launched on if it calls `grid_sync` (a cooperative
+    /// launch; a larger grid is refused with [`RuntimeError::LaunchConfig`]), e.g. to
+    /// size a persistent grid. On a GPU: the blocks of `k` one multiprocessor holds
+    /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor` for its threads, registers and
+    /// dynamic shared memory; asked once per kernel) × the multiprocessors. On the
+    /// interpreter, which runs such a grid's blocks as one OS thread each:
+    /// [`kgen_core::interp::MAX_GRID_SYNC_BLOCKS`]. Answers for any kernel, cooperative
+    /// or not; `k` must be loaded on this device.
+    pub fn max_cooperative_blocks(&self, k: &Kernel) -> Result<u32, RuntimeError> {
+        let blocks = co_resident(self, k)?.blocks();
+        Ok(blocks.min(u32::MAX as u64) as u32)
     }
 
     /// Launches and times the kernel with CUDA events (synchronizes); milliseconds.
@@ -558,14 +671,15 @@ fn run_interpreted(
 }
 
 /// A launch checked and packed once, replayed with a bare `cuLaunchKernel` (no checks,
-/// no packing): the driver's floor that `kgen bench` compares [`Device::launch`] with,
-/// and a way to replay an identical launch in a hot loop. GPU kernels only.
+/// no packing; `cuLaunchKernelEx` for a kernel with programmatic dependency or a
+/// cooperative one, as [`Device::launch`] does): the driver's floor that `kgen bench`
+/// compares [`Device::launch`] with, and a way to replay an identical launch in a hot
+/// loop. GPU kernels only.
 pub struct PackedLaunch {
     func: sys::CUfunction,
     stream: sys::CUstream,
     grid: [u32; 3],
-    threads: u32,
-    smem: u32,
+    launch: kgen_core::abi::LaunchHints,
     values: Vec<u64>,
     /// The tensor maps, boxed so the pointers in `ptrs` stay valid when this moves.
     maps: Vec<(usize, Box<crate::TensorMapArg>)>,
@@ -596,14 +710,14 @@ impl PackedLaunch {
                 "a packed launch needs a GPU kernel".into(),
             ));
         };
+        check_cooperative(device, k, grid)?;
         let mut values = vec![0u64; k.compiled.abi.params.len()];
         pack_into(k, args, &mut values)?;
         let mut p = PackedLaunch {
             func: loaded.func.cu_function(),
             stream: stream.raw(),
             grid,
-            threads: k.compiled.launch.threads_per_block,
-            smem: k.compiled.launch.dynamic_shared_bytes,
+            launch: k.compiled.launch,
             values,
             maps: tensor_maps(device.gpu(), k, args)?,
             ptrs: Vec::new(),
@@ -620,28 +734,18 @@ impl PackedLaunch {
         Ok(p)
     }
 
-    /// One bare `cuLaunchKernel`.
+    /// One bare `cuLaunchKernel` (or `cuLaunchKernelEx`, see [`PackedLaunch`]).
     ///
     /// # Safety
     /// The tensors given to [`PackedLaunch::new`] must still be alive (their memory is
     /// not tracked here) and the stream not destroyed.
     pub unsafe fn launch(&mut self) -> Result<(), RuntimeError> {
-        unsafe {
-            sys::cuLaunchKernel(
-                self.func,
-                self.grid[0],
-                self.grid[1],
-                self.grid[2],
-                self.threads,
-                1,
-                1,
-                self.smem,
-                self.stream,
-                self.ptrs.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-            .result()
-        }
-        .op("cuLaunchKernel")
+        launch_raw(
+            self.func,
+            self.grid,
+            self.launch,
+            self.stream,
+            &mut self.ptrs,
+        )
     }
 }

@@ -86,4 +86,6 @@ mod tests_e2e;
 #[cfg(test)]
 mod tests_gpu_api;
 #[cfg(test)]
+mod tests_grid_sync;
+#[cfg(test)]
 mod tests_interop;

@@ -583,6 +583,7 @@ fn axpy_kernel(arch: kgen_core::Arch) -> kgen_core::CompiledKernel {
             grid_rank: 1,
             cluster_size: 1,
             programmatic_dependency: false,
+            cooperative: false,
         },
         spec: Specialization {
             kernel: "axpy_test".into(),

@@ -256,7 +256,15 @@ fn build_args(
     let mut rng = Rng::new(seed);
     let mut args = Vec::with_capacity(func.params.len());
     let mut random = Vec::with_capacity(func.params.len());
-    for p in &func.params {
+    // `grid_sync` counters start at 0, never random (a random count would release the
+    // grid early or never).
+    let mut counters = std::collections::HashSet::new();
+    kgen_core::ir::visit_insts(func, vec![&func.body], |op| {
+        if let kgen_core::ir::Op::GridSync { counter } = op {
+            counters.insert(*counter as usize);
+        }
+    });
+    for (index, p) in func.params.iter().enumerate() {
         if let Some((_, path)) = inputs.iter().find(|(n, _)| n == &p.name) {
             let ParamKind::Tensor(t) = &p.kind else {
                 return Err(format!("--input {}: not a tensor", p.name));
@@ -278,6 +286,12 @@ fn build_args(
             .1;
         args.push(match &p.kind {
             ParamKind::Scalar(d) => ArgValue::Scalar(parse_scalar(&p.name, spec, *d)?),
+            ParamKind::Tensor(t) if counters.contains(&index) => {
+                let shape = parse_shape(&p.name, spec, &t.dims)?;
+                random.push(false);
+                args.push(ArgValue::Tensor(HostTensor::zeros(t.dtype, &shape)));
+                continue;
+            }
             ParamKind::Tensor(t) => {
                 let shape = parse_shape(&p.name, spec, &t.dims)?;
                 ArgValue::Tensor(random_tensor(&mut rng, t.dtype, &shape))

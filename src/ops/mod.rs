@@ -88,6 +88,9 @@ pub struct Ops {
     /// (the norm backwards' dw / db partials), reused across calls: see
     /// [`Ops::take_workspace`].
     workspace: Mutex<Option<Tensor>>,
+    /// The counter of `grid_sync` (one `i32`, zeroed once): every cooperative kernel of
+    /// this `Ops` takes it, one after another on its stream ([`Ops::grid_counter`]).
+    grid_counter: Mutex<Option<Tensor>>,
     /// A recording handle ([`Ops::recording`]): every kernel asked for, every candidate
     /// of every tuning list built, nothing launched.
     recorded: Option<Mutex<Vec<KernelRequest>>>,
@@ -174,6 +177,7 @@ impl Ops {
             tuned: Mutex::new(HashMap::new()),
             plans: Mutex::new(HashMap::new()),
             workspace: Mutex::new(None),
+            grid_counter: Mutex::new(None),
             recorded: None,
         }
     }
@@ -201,6 +205,22 @@ impl Ops {
     /// Whether this handle records instead of launching ([`Ops::recording`]).
     pub(crate) fn is_recording(&self) -> bool {
         self.recorded.is_some()
+    }
+
+    /// The `grid_sync` counter of this `Ops`'s cooperative kernels, made (zeroed) on
+    /// first use. Each `grid_sync` leaves it 0 or `i32::MIN`, as the next one needs; the
+    /// kernels run one at a time on this `Ops`'s stream, so one counter serves them all.
+    pub(crate) fn grid_counter(&self) -> Result<Tensor, OpError> {
+        let mut g = self
+            .grid_counter
+            .lock()
+            .map_err(|_| shape_err("grid_sync", "counter lock poisoned"))?;
+        if let Some(t) = g.as_ref() {
+            return Ok(t.clone());
+        }
+        let t = self.zeros(DType::I32, &[1])?;
+        *g = Some(t.clone());
+        Ok(t)
     }
 
     pub fn device(&self) -> &Device {

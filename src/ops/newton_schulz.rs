@@ -119,8 +119,10 @@ pub(crate) struct NsWork {
     /// The wide orientation's `m = min(rows, cols)` and `n = max`, padded.
     pub mp: usize,
     pub np: usize,
-    /// Two `[k, mp, np]` buffers the iteration alternates between.
+    /// Two `[k, mp, np]` buffers the iteration alternates between: the halves of
+    /// `both`, `[2 k, mp, np]` (`ns_fused` reads and writes them as one tensor).
     x: [Tensor; 2],
+    both: Tensor,
     /// `[k * mp, mp]`: A and B.
     a: Tensor,
     b: Tensor,
@@ -154,10 +156,8 @@ impl NsWork {
         let tiles = (mp / TILE) * np.div_ceil(TILE);
         // Nothing needs zeroing: ns_prep writes every element of the current buffer
         // (its padding as zeros) and of `part`, each product every element of its output.
-        let x = [
-            ops.empty(dtype, &[k, mp, np])?,
-            ops.empty(dtype, &[k, mp, np])?,
-        ];
+        let both = ops.empty(dtype, &[2 * k, mp, np])?;
+        let x = [both.narrow(0, 0, k)?, both.narrow(0, k, k)?];
         Ok(NsWork {
             k,
             rows,
@@ -165,6 +165,7 @@ impl NsWork {
             mp,
             np,
             x,
+            both,
             a: ops.empty(dtype, &[k * mp, mp])?,
             b: ops.empty(dtype, &[k * mp, mp])?,
             part: ops.empty(DType::F32, &[k, tiles])?,
@@ -246,6 +247,20 @@ impl Ops {
         steps: usize,
         coeffs: &[(f32, f32, f32)],
     ) -> Result<(), OpError> {
+        self.newton_schulz_with(x, out, steps, coeffs, None)
+    }
+
+    /// [`Ops::newton_schulz_into`]; `fused`: `Some(true)` runs the iterations as one
+    /// cooperative launch (`ns_fused`), `Some(false)` as three launches each, `None` as
+    /// [`Ops::ns_fused_applies`] says.
+    pub(crate) fn newton_schulz_with(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        steps: usize,
+        coeffs: &[(f32, f32, f32)],
+        fused: Option<bool>,
+    ) -> Result<(), OpError> {
         const OP: &str = "newton_schulz";
         let sched = ns_schedule(coeffs, steps)?;
         if x.shape() != out.shape() {
@@ -273,7 +288,11 @@ impl Ops {
             return Ok(());
         }
         self.ns_prep_run(&work, 0, &xi, None)?;
-        self.ns_iterate(&mut work, &sched, NS_EPS)?;
+        if fused.unwrap_or_else(|| self.ns_fused_applies()) {
+            self.ns_fused(&mut work, &sched, NS_EPS)?;
+        } else {
+            self.ns_iterate(&mut work, &sched, NS_EPS)?;
+        }
         self.ns_emit_run(&work, 0, &xo, None)
     }
 
@@ -330,6 +349,72 @@ impl Ops {
             self.ns_update(w, &w.b, &x, &nx, norm)?;
             w.cur = 1 - w.cur;
         }
+        Ok(())
+    }
+
+    /// Whether Newton–Schulz runs as one cooperative launch (`ns_fused`): only when
+    /// asked (`KGEN_NS_FUSED=1`). Measured on an H100 (docs/PERFORMANCE.md, twenty-sixth
+    /// session) it is correct but slower than a launch per product (1024² 217-222 µs
+    /// against 145-148, 2048² 518-521 against 428-432, 768 x 3072 236-243 against
+    /// 190-192), so it is not the default.
+    fn ns_fused_applies(&self) -> bool {
+        std::env::var("KGEN_NS_FUSED").is_ok_and(|v| v == "1")
+    }
+
+    /// All of `sched`'s iterations in one launch of `ns.kg`'s `ns_fused` (a persistent
+    /// grid, `grid_sync` between the products), leaving the result in `w.current()`.
+    pub(crate) fn ns_fused(
+        &self,
+        w: &mut NsWork,
+        sched: &[(f32, f32, f32)],
+        eps: f32,
+    ) -> Result<(), OpError> {
+        let steps = sched.len();
+        if steps == 0 {
+            return Ok(());
+        }
+        let flat: Vec<f32> = sched.iter().flat_map(|&(a, b, c)| [a, b, c]).collect();
+        let coeffs = self
+            .device()
+            .from_slice(&[steps, 3], &flat)
+            .map_err(OpError::from)?;
+        let counter = self.grid_counter()?;
+        let (k, mp, np) = (w.k, w.mp, w.np);
+        let xs = w.both.reshape(&[2 * k * mp, np])?;
+        // Small matrices get 64-row tiles (more of them to spread over the GPU).
+        let (gm, bm, bn, warps) = if mp <= 1024 {
+            (64, 64, 128, 4)
+        } else {
+            (128, 128, 256, 8)
+        };
+        let args = KernelArgs::new()
+            .tensor("xs", &xs)
+            .tensor("a", &w.a)
+            .tensor("b", &w.b)
+            .tensor("part", &w.part)
+            .tensor("coeffs", &coeffs)
+            .tensor("counter", &counter)
+            .scalar("eps", eps);
+        let defines = [
+            ("T", w.dtype.to_string()),
+            ("GM", gm.to_string()),
+            ("BM", bm.to_string()),
+            ("BN", bn.to_string()),
+            ("STEPS", steps.to_string()),
+            ("P", w.norm_chunk().to_string()),
+        ];
+        let kern = self.kernel_full("ns", "ns_fused", &defines, Some(warps), None, None, &args)?;
+        let t = mp / gm;
+        let sym = k * t * (t + 1) / 2;
+        let upd = k * (mp / bm) * np.div_ceil(bn);
+        let fits = self
+            .device()
+            .max_cooperative_blocks(&kern)
+            .map_err(OpError::from)? as usize;
+        let grid = u32::try_from(sym.max(upd).min(fits).max(1))
+            .map_err(|_| shape_err("newton_schulz", "too many tiles"))?;
+        self.launch_args(&kern, [grid, 1, 1], &args)?;
+        w.cur = steps % 2;
         Ok(())
     }
 
@@ -709,11 +794,21 @@ mod tests {
     fn interpreter_matches_f64() {
         let d = Device::interpreter();
         let ops = Ops::new(&d);
-        for &(k, r, c) in &[(1, 7, 5), (2, 5, 7), (1, 1, 1), (1, 20, 20), (2, 9, 33)] {
+        let cases = [
+            (1, 7, 5),
+            (2, 5, 7),
+            (1, 1, 1),
+            (1, 20, 20),
+            (2, 9, 33),
+            (3, 130, 70),
+        ];
+        for (&(k, r, c), fused) in cases.iter().flat_map(|c| [(c, false), (c, true)]) {
             let mut rng = crate::rng::Rng::new(7);
             let data: Vec<f64> = (0..k * r * c).map(|_| rng.next_f64() * 2.0 - 1.0).collect();
             let x = d.from_f64(DType::F32, &[k, r, c], &data).unwrap();
-            let y = ops.newton_schulz(&x, 5, &[QUINTIC]).unwrap();
+            let y = ops.empty(DType::F32, &[k, r, c]).unwrap();
+            ops.newton_schulz_with(&x, &y, 5, &[QUINTIC], Some(fused))
+                .unwrap();
             let got = y.to_f64_vec().unwrap();
             let sched = ns_schedule(&[QUINTIC], 5).unwrap();
             let mut worst = 0.0f64;
@@ -731,7 +826,7 @@ mod tests {
                     ns_ref(&data[..r * c], r, c, &sched)
                 );
             }
-            assert!(worst < 0.1, "{k}x{r}x{c}: {worst}");
+            assert!(worst < 0.1, "{k}x{r}x{c} (fused: {fused}): {worst}");
         }
     }
 }

@@ -147,6 +147,7 @@ const BUILTINS: &[Builtin] = &[
     b("gdc_wait", &[], 0, &[]),
     b("gdc_launch_dependents", &[], 0, &[]),
     b("barrier", &[], 0, &[]),
+    b("grid_sync", &["counter"], 1, &[]),
 ];
 
 /// The keyword of a load's or store's L2 eviction policy (Triton's spelling).
@@ -590,6 +591,7 @@ impl Checker<'_> {
                 self.emit(Op::Barrier, vec![], span);
                 Ev::Unit
             }
+            "grid_sync" => self.grid_sync(a, span),
             _ => self.error(
                 ErrorCode::UnknownFunction,
                 span,
@@ -604,6 +606,24 @@ impl Checker<'_> {
     /// [`MAX_CLUSTER_SIZE`], the same as every earlier cluster builtin's of the kernel.
     fn cluster_size_arg(&mut self, sz: &(Ev, Span), what: &str) -> Option<u32> {
         let ss = sz.1;
+        let grid_sync = self
+            .func
+            .insts
+            .iter()
+            .find(|(_, i)| matches!(i.op, Op::GridSync { .. }))
+            .map(|(_, i)| i.span);
+        if let Some(gs) = grid_sync {
+            self.push(
+                Diagnostic::error(
+                    ErrorCode::Unsupported,
+                    ss,
+                    format!("`{what}` in a kernel that calls `grid_sync`"),
+                )
+                .with_secondary(gs, "grid_sync here")
+                .with_note("a cooperative grid is launched without clusters; use one or the other"),
+            );
+            return None;
+        }
         let size = self.const_int(sz, 1, MAX_CLUSTER_SIZE as i64, "cluster size")? as u32;
         if !size.is_power_of_two() {
             self.push(
@@ -636,6 +656,44 @@ impl Checker<'_> {
             self.cluster = Some((size, ss));
         }
         Some(size)
+    }
+
+    /// `grid_sync(counter)`: a barrier across the whole grid. `counter` is a tensor
+    /// parameter of one `i32` element (its rank 1 is checked here; its extent by the
+    /// runtime). Whether every block reaches it alike is checked once the body is
+    /// lowered (`uniform.rs`).
+    fn grid_sync(&mut self, a: &Args, span: Span) -> Ev {
+        let arg = a.p(0);
+        let Some((t, tp)) = self.tensor_arg(&arg) else {
+            return Ev::Poison;
+        };
+        if tp.dtype != DType::I32 || tp.rank() != 1 {
+            return self.push(
+                Diagnostic::error(
+                    ErrorCode::TypeMismatch,
+                    arg.1,
+                    format!(
+                        "`grid_sync` counts arrivals in a `tensor<i32, 1>`; this is a {}-D {} tensor",
+                        tp.rank(),
+                        tp.dtype
+                    ),
+                )
+                .with_note("help: declare a parameter `counter: tensor<i32, 1>`, zero it once, and pass it to every launch (each `grid_sync` leaves it 0 or -2147483648)"),
+            );
+        }
+        if let Some((_, cs)) = self.cluster {
+            return self.push(
+                Diagnostic::error(
+                    ErrorCode::Unsupported,
+                    span,
+                    "`grid_sync` in a kernel with thread-block clusters",
+                )
+                .with_secondary(cs, "clusters from here")
+                .with_note("a cooperative grid is launched without clusters; use one or the other"),
+            );
+        }
+        self.emit(Op::GridSync { counter: t }, vec![], span);
+        Ev::Unit
     }
 
     /// `cluster_rank(size)`: this block's rank in its cluster of `size` blocks.

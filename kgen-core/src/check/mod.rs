@@ -42,12 +42,15 @@ mod tests;
 #[cfg(test)]
 mod tests_errors;
 #[cfg(test)]
+mod tests_grid_sync;
+#[cfg(test)]
 mod tests_robust;
 #[cfg(test)]
 mod tests_scan;
 #[cfg(test)]
 mod tests_values;
 mod types;
+mod uniform;
 
 pub(crate) use consteval::{scalar_const, wrap_int};
 pub(crate) use scope::{binding_span, Binding};
@@ -163,6 +166,12 @@ pub fn lower_kernel(
         c.scopes.push(HashMap::new());
         c.lower_block_stmts(&kernel.body);
         c.scopes.pop();
+        if c.errors.is_empty() {
+            if let Some(body) = c.blocks.last() {
+                let errs = uniform::grid_sync_errors(&c.func, body);
+                c.errors.extend(errs);
+            }
+        }
     }
     let num_warps = match opts.num_warps {
         Some(w) if w == 0 || w > 32 || !w.is_power_of_two() => {

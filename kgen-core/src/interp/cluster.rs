@@ -1,5 +1,7 @@
 //! Thread-block clusters in the interpreter: the blocks of one cluster run concurrently
-//! (one OS thread each) and meet at every `cluster_gather`.
+//! (one OS thread each) and meet at every `cluster_gather`. A kernel that calls
+//! `grid_sync` runs the same way with the whole grid as the group (`Meet::Grid`), its
+//! blocks meeting at every `grid_sync`.
 //!
 //! Assumes: the kernel's `ClusterGather`s share one size C (validated IR) and grid axis 0
 //! is a multiple of C (checked by `run`). Guarantees: each `cluster_gather` returns, in
@@ -13,9 +15,35 @@ use super::value::{Data, Val};
 use super::InterpError;
 use std::sync::{Condvar, Mutex};
 
-/// The meeting point of one cluster's blocks.
+/// Which collective a group of concurrently run blocks meets at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Meet {
+    /// The blocks of one cluster, at `cluster_gather`.
+    Cluster,
+    /// Every block of the grid, at `grid_sync`.
+    Grid,
+}
+
+impl Meet {
+    fn group(self) -> &'static str {
+        match self {
+            Meet::Cluster => "cluster",
+            Meet::Grid => "grid",
+        }
+    }
+
+    fn op(self) -> &'static str {
+        match self {
+            Meet::Cluster => "cluster_gather",
+            Meet::Grid => "grid_sync",
+        }
+    }
+}
+
+/// The meeting point of one cluster's blocks (or of a cooperative grid's).
 pub(super) struct ClusterSync {
     size: usize,
+    meet: Meet,
     state: Mutex<State>,
     cv: Condvar,
 }
@@ -35,9 +63,10 @@ struct State {
 }
 
 impl ClusterSync {
-    pub(super) fn new(size: usize) -> ClusterSync {
+    pub(super) fn new(size: usize, meet: Meet) -> ClusterSync {
         ClusterSync {
             size,
+            meet,
             state: Mutex::new(State {
                 posted: vec![None; size],
                 arrived: 0,
@@ -50,23 +79,41 @@ impl ClusterSync {
         }
     }
 
+    /// The error for a group whose blocks did not all meet.
+    pub(super) fn diverged(&self, msg: impl Into<String>) -> InterpError {
+        match self.meet {
+            Meet::Cluster => InterpError::ClusterDiverged(msg.into()),
+            Meet::Grid => InterpError::GridDiverged(msg.into()),
+        }
+    }
+
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>, InterpError> {
         self.state
             .lock()
-            .map_err(|_| InterpError::ClusterDiverged("a block of the cluster panicked".into()))
+            .map_err(|_| self.diverged(format!("a block of the {} panicked", self.meet.group())))
+    }
+
+    /// Block `rank` arrives at a `grid_sync` and waits for every block.
+    pub(super) fn arrive(&self, rank: usize) -> Result<(), InterpError> {
+        let token = Val::new(crate::types::DType::I32, vec![], Data::I32(vec![0]))?;
+        self.exchange(rank, token).map(|_| ())
     }
 
     /// Posts `value` as block `rank`'s and waits for every block's: the `[C]` tile.
     pub(super) fn exchange(&self, rank: usize, value: Val) -> Result<Val, InterpError> {
         let mut st = self.lock()?;
         if let Some(f) = &st.failure {
-            return Err(InterpError::ClusterDiverged(f.clone()));
+            return Err(self.diverged(f.clone()));
         }
         if st.finished > 0 {
-            let msg = "a block of the cluster finished without reaching this cluster_gather";
-            st.failure = Some(msg.into());
+            let msg = format!(
+                "a block of the {} finished without reaching this {}",
+                self.meet.group(),
+                self.meet.op()
+            );
+            st.failure = Some(msg.clone());
             self.cv.notify_all();
-            return Err(InterpError::ClusterDiverged(msg.into()));
+            return Err(self.diverged(msg));
         }
         let slot = st
             .posted
@@ -87,11 +134,11 @@ impl ClusterSync {
                 st = self
                     .cv
                     .wait(st)
-                    .map_err(|_| InterpError::ClusterDiverged("a block panicked".into()))?;
+                    .map_err(|_| self.diverged("a block panicked"))?;
             }
             if st.generation == generation {
                 let f = st.failure.clone().unwrap_or_default();
-                return Err(InterpError::ClusterDiverged(f));
+                return Err(self.diverged(f));
             }
         }
         stack(&st.result)
@@ -103,9 +150,13 @@ impl ClusterSync {
             st.finished += 1;
             if st.failure.is_none() && (st.arrived > 0 || !ok) {
                 st.failure = Some(if ok {
-                    "a block of the cluster finished while others waited in cluster_gather".into()
+                    format!(
+                        "a block of the {} finished while others waited in {}",
+                        self.meet.group(),
+                        self.meet.op()
+                    )
                 } else {
-                    "another block of the cluster failed".into()
+                    format!("another block of the {} failed", self.meet.group())
                 });
             }
             self.cv.notify_all();

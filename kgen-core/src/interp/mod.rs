@@ -37,6 +37,8 @@ mod tests;
 #[cfg(test)]
 mod tests_e2e;
 #[cfg(test)]
+mod tests_grid_sync;
+#[cfg(test)]
 mod tests_mem;
 #[cfg(test)]
 mod tests_scan;
@@ -133,6 +135,10 @@ pub enum InterpError {
         crate::target::MAX_GRID[0], crate::target::MAX_GRID[1], crate::target::MAX_GRID[2]
     )]
     GridTooLarge { grid: [u32; 3] },
+    #[error("grid_sync in a grid of {blocks} blocks: the interpreter runs at most {max} at once", max = MAX_GRID_SYNC_BLOCKS)]
+    GridSyncTooLarge { blocks: u64 },
+    #[error("grid_sync: {0}")]
+    GridDiverged(String),
     #[error("cluster_gather: {0}")]
     ClusterDiverged(String),
 }
@@ -149,6 +155,14 @@ pub fn run(func: &Function, grid: [u32; 3], args: &mut [ArgValue]) -> Result<(),
         return Ok(());
     }
     let cluster = crate::ir::cluster_size(func).unwrap_or(1);
+    if crate::ir::has_grid_sync(func) {
+        if cluster > 1 {
+            return Err(InterpError::Malformed(
+                "grid_sync in a kernel with thread-block clusters".into(),
+            ));
+        }
+        return run_grid_sync(func, grid, args, &scalars);
+    }
     if cluster > 1 {
         return run_clusters(func, grid, args, &scalars, cluster);
     }
@@ -161,6 +175,7 @@ pub fn run(func: &Function, grid: [u32; 3], args: &mut [ArgValue]) -> Result<(),
         pid: [0; 3],
         depth: 0,
         cluster: None,
+        grid_sync: None,
         scratch: fresh_scratch(func),
         fetches: VecDeque::new(),
     };
@@ -195,62 +210,116 @@ fn run_clusters(
     for z in 0..grid[2] {
         for y in 0..grid[1] {
             for cx in 0..grid[0] / cluster {
-                let sync = cluster::ClusterSync::new(cluster as usize);
-                let shared = std::sync::Mutex::new(&mut *args);
-                let results: Vec<Result<(), InterpError>> = std::thread::scope(|s| {
-                    let handles: Vec<_> = (0..cluster)
-                        .map(|rank| {
-                            let (sync, shared) = (&sync, &shared);
-                            s.spawn(move || {
-                                let mut m = Machine {
-                                    func,
-                                    env: vec![None; func.values.len()],
-                                    args: ArgAccess::Shared(shared),
-                                    scalars: scalars.to_vec(),
-                                    grid,
-                                    pid: [cx * cluster + rank, y, z],
-                                    depth: 0,
-                                    cluster: Some((rank as usize, sync)),
-                                    scratch: fresh_scratch(func),
-                                    fetches: VecDeque::new(),
-                                };
-                                // A panic must still release the cluster's other blocks.
-                                let r =
-                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                        m.exec_block(&func.body).map(|_| ())
-                                    }))
-                                    .unwrap_or_else(|_| {
-                                        Err(InterpError::ClusterDiverged("a block panicked".into()))
-                                    });
-                                sync.finish(r.is_ok());
-                                r
-                            })
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| {
-                            h.join().unwrap_or_else(|_| {
-                                Err(InterpError::ClusterDiverged("a block panicked".into()))
-                            })
-                        })
-                        .collect()
-                });
-                // Report the cause, not the blocks that failed because of it.
-                let errors: Vec<InterpError> =
-                    results.into_iter().filter_map(|r| r.err()).collect();
-                let is_echo = |e: &InterpError| matches!(e, InterpError::ClusterDiverged(m) if m.contains("another block"));
-                let first_err = match errors.iter().position(|e| !is_echo(e)) {
-                    Some(i) => errors.into_iter().nth(i),
-                    None => errors.into_iter().next(),
-                };
-                if let Some(e) = first_err {
-                    return Err(e);
-                }
+                let pids: Vec<[u32; 3]> = (0..cluster).map(|r| [cx * cluster + r, y, z]).collect();
+                run_together(func, grid, args, scalars, &pids, cluster::Meet::Cluster)?;
             }
         }
     }
     Ok(())
+}
+
+/// The most blocks the interpreter runs at once for a kernel that calls `grid_sync`
+/// (one OS thread each).
+pub const MAX_GRID_SYNC_BLOCKS: u32 = 1024;
+
+/// Runs a kernel that calls `grid_sync`: every block of the grid at once.
+fn run_grid_sync(
+    func: &Function,
+    grid: [u32; 3],
+    args: &mut [ArgValue],
+    scalars: &[Option<Val>],
+) -> Result<(), InterpError> {
+    let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
+    if blocks > MAX_GRID_SYNC_BLOCKS as u64 {
+        return Err(InterpError::GridSyncTooLarge { blocks });
+    }
+    let mut pids = Vec::with_capacity(blocks as usize);
+    for z in 0..grid[2] {
+        for y in 0..grid[1] {
+            for x in 0..grid[0] {
+                pids.push([x, y, z]);
+            }
+        }
+    }
+    run_together(func, grid, args, scalars, &pids, cluster::Meet::Grid)
+}
+
+/// Runs the blocks `pids` concurrently, one OS thread each, meeting at `meet`'s
+/// collectives; reports the first failure that is not an echo of another block's.
+fn run_together(
+    func: &Function,
+    grid: [u32; 3],
+    args: &mut [ArgValue],
+    scalars: &[Option<Val>],
+    pids: &[[u32; 3]],
+    meet: cluster::Meet,
+) -> Result<(), InterpError> {
+    let sync = cluster::ClusterSync::new(pids.len(), meet);
+    let shared = std::sync::Mutex::new(&mut *args);
+    let results: Vec<Result<(), InterpError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = pids
+            .iter()
+            .enumerate()
+            .map(|(rank, &pid)| {
+                let (sync, shared) = (&sync, &shared);
+                s.spawn(move || {
+                    let me = Some((rank, sync));
+                    let mut m = Machine {
+                        func,
+                        env: vec![None; func.values.len()],
+                        args: ArgAccess::Shared(shared),
+                        scalars: scalars.to_vec(),
+                        grid,
+                        pid,
+                        depth: 0,
+                        cluster: if meet == cluster::Meet::Cluster {
+                            me
+                        } else {
+                            None
+                        },
+                        grid_sync: if meet == cluster::Meet::Grid {
+                            me
+                        } else {
+                            None
+                        },
+                        scratch: fresh_scratch(func),
+                        fetches: VecDeque::new(),
+                    };
+                    // A panic must still release the other blocks.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        m.exec_block(&func.body).map(|_| ())
+                    }))
+                    .unwrap_or_else(|_| Err(sync.diverged("a block panicked")));
+                    sync.finish(r.is_ok());
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(sync.diverged("a block panicked")))
+            })
+            .collect()
+    });
+    // Report the cause, not the blocks that failed because of it.
+    let errors: Vec<InterpError> = results.into_iter().filter_map(|r| r.err()).collect();
+    let is_echo = |e: &InterpError| matches!(e, InterpError::ClusterDiverged(m) | InterpError::GridDiverged(m) if m.contains("another block"));
+    let first_err = match errors.iter().position(|e| !is_echo(e)) {
+        Some(i) => errors.into_iter().nth(i),
+        None => errors.into_iter().next(),
+    };
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Element 0 of a `grid_sync` counter (an `i32` tensor), as bits.
+fn grid_sync_counter(h: &crate::host::HostTensor) -> Result<u32, InterpError> {
+    let b = h
+        .data
+        .get(0..4)
+        .ok_or_else(|| bad("grid_sync: the counter tensor is empty"))?;
+    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// Checks the arguments; returns the scalar parameters' values (None for tensors).
@@ -308,6 +377,9 @@ struct Machine<'a> {
     depth: u32,
     /// This block's rank in its cluster and the cluster's meeting point.
     cluster: Option<(usize, &'a cluster::ClusterSync)>,
+    /// This block's rank in the grid and the grid's meeting point (kernels that call
+    /// `grid_sync`, whose blocks all run at once).
+    grid_sync: Option<(usize, &'a cluster::ClusterSync)>,
     /// This block's scratch buffers: per buffer, per slot, the tile last stored (None:
     /// never stored by this block; reading it is an error here, unspecified on a GPU).
     scratch: Vec<Vec<Option<Rc<Val>>>>,
@@ -832,6 +904,40 @@ impl Machine<'_> {
             // A block's tiles are computed whole, one instruction after another: every
             // access before the barrier is already done.
             Op::Barrier => return Ok(None),
+            Op::GridSync { counter } => {
+                let Some((rank, sync)) = self.grid_sync else {
+                    return Err(bad("grid_sync outside a cooperative grid run"));
+                };
+                // The counter as the GPU leaves it: its sign bit flips at every
+                // grid_sync. It must start with its other bits 0 (the GPU's arrival
+                // count would cross the sign bit early and release the grid too soon).
+                if rank == 0 {
+                    self.with_tensor(*counter, |h| {
+                        let v = grid_sync_counter(h)?;
+                        if v & 0x7fff_ffff != 0 {
+                            return Err(InterpError::GridDiverged(format!(
+                                "the counter holds {}: it must start at 0 (each grid_sync leaves 0 or -2147483648)",
+                                v as i32
+                            )));
+                        }
+                        Ok(())
+                    })?;
+                }
+                sync.arrive(rank)?;
+                if rank == 0 {
+                    self.with_tensor_mut(*counter, |h| {
+                        let v = grid_sync_counter(h)? ^ 0x8000_0000;
+                        h.data
+                            .get_mut(0..4)
+                            .ok_or_else(|| bad("grid_sync counter is empty"))?
+                            .copy_from_slice(&v.to_le_bytes());
+                        Ok(())
+                    })?;
+                }
+                // No block may pass until the counter is written: a second meeting.
+                sync.arrive(rank)?;
+                return Ok(None);
+            }
             Op::ScratchWait { pending } => {
                 while self.fetches.len() > *pending as usize {
                     if let Some(Some((b, k, v))) = self.fetches.pop_front() {

@@ -258,6 +258,7 @@ impl Printer<'_> {
             Op::ScratchWait { pending } => format!("scratch_wait {pending}"),
             Op::GridDependency(crate::ir::GridDependency::Wait) => "gdc_wait".into(),
             Op::Barrier => "barrier".into(),
+            Op::GridSync { counter } => format!("grid_sync {}[]", self.tensor(*counter)),
             Op::GridDependency(crate::ir::GridDependency::LaunchDependents) => {
                 "gdc_launch_dependents".into()
             }

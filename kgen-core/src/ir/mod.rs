@@ -545,6 +545,18 @@ pub enum Op {
     /// `griddepcontrol`, nothing elsewhere and on the interpreter, whose launches run
     /// one after the other). No results.
     GridDependency(GridDependency),
+    /// `grid_sync(counter)`: every thread of every block of the grid waits here until all
+    /// have arrived, and every block's memory accesses before it are ordered before every
+    /// block's accesses after it (global memory, through the generic and the async (TMA)
+    /// proxies). `counter` is a tensor parameter (`i32`, one element) used as the
+    /// barrier's arrival count; it must hold 0 or a value an earlier `grid_sync` left
+    /// (each one flips its sign bit, nothing else), and two grids running at once must not
+    /// share it. Every block must reach the same `GridSync`s the same number of times
+    /// (the checker refuses one under control flow that may differ between blocks), and
+    /// the kernel is launched cooperatively: all its blocks resident at once. No results.
+    GridSync {
+        counter: u32,
+    },
     /// `barrier()`: every thread of the block waits here until all have arrived, and
     /// the block's memory accesses before it are ordered before those after it; on the
     /// GPU a thread arrives only with the data of the global loads it issued before it
@@ -661,6 +673,15 @@ pub fn cluster_size(func: &Function) -> Option<u32> {
         }
     });
     size
+}
+
+/// Whether `func` (regions included) calls `grid_sync`: it must be launched cooperatively.
+pub fn has_grid_sync(func: &Function) -> bool {
+    let mut found = false;
+    visit_insts(func, vec![&func.body], |op| {
+        found |= matches!(op, Op::GridSync { .. });
+    });
+    found
 }
 
 /// Whether `func` exchanges values across a thread-block cluster.

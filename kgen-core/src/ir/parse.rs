@@ -642,6 +642,13 @@ fn build(m: &str, items: Vec<Item>) -> Result<Op, String> {
         "gdc_wait" => Op::GridDependency(super::GridDependency::Wait),
         "gdc_launch_dependents" => Op::GridDependency(super::GridDependency::LaunchDependents),
         "barrier" => Op::Barrier,
+        "grid_sync" => {
+            let (counter, index) = tensor_at(0)?;
+            if !index.is_empty() {
+                return Err("grid_sync takes its counter as `@t[]`".into());
+            }
+            Op::GridSync { counter }
+        }
         "cluster_gather" => Op::ClusterGather {
             value: v(0)?,
             size: u32_(0)?,

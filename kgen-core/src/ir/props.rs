@@ -61,6 +61,14 @@ impl Effects {
         syncs: true,
         ..Effects::NONE
     };
+    /// `grid_sync`: a barrier across the grid that orders every block's memory accesses.
+    const GRID_SYNC: Effects = Effects {
+        reads_memory: true,
+        writes_memory: true,
+        exchanges: true,
+        syncs: true,
+        control: false,
+    };
     const CONTROL: Effects = Effects {
         control: true,
         ..Effects::NONE
@@ -152,6 +160,7 @@ pub fn props(op: &Op) -> OpProps {
         }
         Op::ClusterGather { .. } => (C::Memory, Effects::EXCHANGE),
         Op::ScratchWait { .. } | Op::GridDependency(_) | Op::Barrier => (C::Sync, Effects::SYNC),
+        Op::GridSync { .. } => (C::Sync, Effects::GRID_SYNC),
         Op::For { .. } | Op::If { .. } | Op::Yield(_) => (C::Control, Effects::CONTROL),
     };
     OpProps { class, effects }
@@ -172,6 +181,7 @@ macro_rules! walk_operands {
             | Op::Arange { .. }
             | Op::ScratchWait { .. }
             | Op::GridDependency(_)
+            | Op::GridSync { .. }
             | Op::Barrier => {}
             Op::Splat(v)
             | Op::Broadcast(v)

@@ -37,7 +37,11 @@
 //! Assumes: valid IR; `num_warps` is the block's warp count. A load is staged only when:
 //! it is at the top level of the loop body; its tensor is never written by the kernel (the
 //! runtime refuses a launch where a written tensor overlaps another argument, so moving
-//! such a read earlier cannot change what it reads); every index is computed, by
+//! such a read earlier cannot change what it reads), or, in a kernel that calls
+//! `grid_sync`, never written by this loop, which holds no `barrier()` or `grid_sync`
+//! (the fetches move ahead only past the loop's own iterations; a block reads back
+//! what it or another block wrote only after a `barrier()` or a `grid_sync`, and in
+//! such a kernel both order the generic-proxy writes before TMA reads); every index is computed, by
 //! element-wise and constant ops at the top level of the body, from the induction
 //! variable and values defined outside the loop; and its value reaches a `dot` that the
 //! tensor-core lowering takes (f16/bf16 operands of one dtype, or f32 operands with a TF32
@@ -96,6 +100,11 @@ pub struct PipelineOptions {
 /// Pipelines every qualifying loop of `func` (inner loops first).
 pub fn run(func: &mut Function, opts: &PipelineOptions) -> Result<(), Diagnostics> {
     let written = written_tensors(func);
+    let grid_sync = crate::ir::has_grid_sync(func);
+    let written = Written {
+        anywhere: written,
+        grid_sync,
+    };
     let body = std::mem::take(&mut func.body);
     let r = visit_block(func, body, &written, opts);
     match r {
@@ -116,7 +125,7 @@ type Visit = Result<(Block, Vec<Pipelined>), (Block, Diagnostics)>;
 fn visit_block(
     func: &mut Function,
     mut block: Block,
-    written: &HashSet<u32>,
+    written: &Written,
     o: &PipelineOptions,
 ) -> Visit {
     let mut k = 0;
@@ -185,12 +194,23 @@ fn visit_block(
     Ok((block, done))
 }
 
+/// What the kernel writes, for the staging rule (module docs).
+struct Written {
+    /// Tensors the kernel writes (stores, scatters, atomics), anywhere.
+    anywhere: HashSet<u32>,
+    /// The kernel calls `grid_sync`.
+    grid_sync: bool,
+}
+
 /// Tensors the kernel writes (stores, scatters, atomics), anywhere.
 fn written_tensors(func: &Function) -> HashSet<u32> {
     let mut w = HashSet::new();
     crate::ir::visit_insts(func, vec![&func.body], |op| match op {
         Op::Store { tensor, .. } | Op::Scatter { tensor, .. } | Op::AtomicAdd { tensor, .. } => {
             w.insert(*tensor);
+        }
+        Op::GridSync { counter } => {
+            w.insert(*counter);
         }
         _ => {}
     });
@@ -269,7 +289,7 @@ struct Staged {
 fn pipeline_loop(
     func: &mut Function,
     id: InstId,
-    written: &HashSet<u32>,
+    written: &Written,
     o: &PipelineOptions,
 ) -> Result<Option<Around>, Diagnostics> {
     let Op::For {
@@ -285,6 +305,32 @@ fn pipeline_loop(
     let Some(&iv) = body.args.first() else {
         return Ok(None);
     };
+    // In a kernel with `grid_sync`, a tensor the kernel writes may still be staged where
+    // this loop neither writes it nor synchronizes: the fetches then move ahead only past
+    // this loop's own iterations, and what the block or the grid wrote before is ordered
+    // before them by the `barrier()` or `grid_sync` the language requires for reading it
+    // back (both fence the async proxy in such a kernel; module docs).
+    let written_here = if written.grid_sync {
+        let mut w = HashSet::new();
+        let mut syncs = false;
+        crate::ir::visit_insts(func, vec![&body], |op| match op {
+            Op::Store { tensor, .. }
+            | Op::Scatter { tensor, .. }
+            | Op::AtomicAdd { tensor, .. } => {
+                w.insert(*tensor);
+            }
+            Op::GridSync { .. } | Op::Barrier => syncs = true,
+            _ => {}
+        });
+        if syncs {
+            written.anywhere.clone()
+        } else {
+            w
+        }
+    } else {
+        written.anywhere.clone()
+    };
+    let written = &written_here;
     // Where each value of the body's top level is defined.
     let mut def: HashMap<ValueId, InstId> = HashMap::new();
     for &i in &body.insts {

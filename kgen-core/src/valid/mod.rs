@@ -257,6 +257,10 @@ impl Validator<'_> {
                 mark(tensor, true, true);
                 self.info.uses_atomics = true;
             }
+            Op::GridSync { counter } => {
+                mark(counter, true, true);
+                self.info.uses_atomics = true;
+            }
             Op::ProgramId(a) | Op::NumPrograms(a) => {
                 self.info.grid_rank = self.info.grid_rank.max(a.saturating_add(1));
             }

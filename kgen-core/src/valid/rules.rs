@@ -58,6 +58,7 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
         | Op::ScratchGather { .. }
         | Op::ScratchWait { .. }
         | Op::GridDependency(_)
+        | Op::GridSync { .. }
         | Op::Barrier
         | Op::Yield(_) => 0,
         Op::For { inits, .. } => inits.len(),
@@ -316,6 +317,14 @@ pub(super) fn check_types(func: &Function, op: &Op, results: &[ValueId]) -> R {
             })
         }
         Op::ScratchWait { .. } | Op::GridDependency(_) | Op::Barrier => Ok(()),
+        Op::GridSync { counter } => {
+            let t = func
+                .tensor_param(*counter)
+                .ok_or("grid_sync counter is not a tensor param")?;
+            ensure(t.dtype == DType::I32 && t.rank() == 1, || {
+                "grid_sync counter must be a 1-D i32 tensor".into()
+            })
+        }
         Op::ClusterGather { value, size } => {
             let (a, r) = (ty(value), res_ty()?);
             ensure(a.shape().is_none(), || {

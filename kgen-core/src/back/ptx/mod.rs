@@ -38,6 +38,8 @@ mod tests_erf;
 #[cfg(test)]
 mod tests_gather;
 #[cfg(test)]
+mod tests_grid_sync;
+#[cfg(test)]
 mod tests_limits;
 #[cfg(test)]
 mod tests_rotate;
@@ -357,6 +359,7 @@ pub fn write(
         grid_rank: info.grid_rank.max(1),
         cluster_size: info.cluster_size.unwrap_or(1),
         programmatic_dependency: target.caps.grid_dependency && waits_on_grid(func, &func.body),
+        cooperative: crate::ir::has_grid_sync(func),
     };
     Ok(CompiledKernel {
         ptx: module.to_string(),

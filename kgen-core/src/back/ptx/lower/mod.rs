@@ -18,6 +18,7 @@
 pub(crate) mod arith;
 mod cluster;
 mod control;
+mod grid_sync;
 mod int_div;
 mod memory;
 mod mma;
@@ -1082,8 +1083,14 @@ impl<'a> Lowerer<'a> {
             }
             Op::Barrier => {
                 self.block_barrier();
+                // In a `grid_sync` kernel a staged (TMA) fetch may read a tensor the
+                // block wrote before the barrier (`passes/pipeline.rs`).
+                if self.target.caps.tma && crate::ir::has_grid_sync(self.func) {
+                    self.emit("fence.proxy.async.global", vec![]);
+                }
                 Ok(())
             }
+            Op::GridSync { counter } => self.lower_grid_sync(*counter, inst.span),
         }
     }
 
