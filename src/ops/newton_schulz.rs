@@ -382,10 +382,16 @@ impl Ops {
         let (k, mp, np) = (w.k, w.mp, w.np);
         let xs = w.both.reshape(&[2 * k * mp, np])?;
         // Small matrices get 64-row tiles (more of them to spread over the GPU).
+        // sm_80's 128 x 256 update tile spills in this kernel (ptxas: 4 bytes).
+        let wide = if self.device.arch() == kgen_core::Arch::Sm90a {
+            256
+        } else {
+            128
+        };
         let (gm, bm, bn, warps) = if mp <= 1024 {
             (64, 64, 128, 4)
         } else {
-            (128, 128, 256, 8)
+            (128, 128, wide, 8)
         };
         let args = KernelArgs::new()
             .tensor("xs", &xs)
