@@ -17,6 +17,17 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     ] {
         v.push(gram_case(seed, k, mp, n, bm, epi, norm));
     }
+    // The split Gram (a tail split along K after a grid_sync): (matrices, mp, n, BM, EPI,
+    // NORM, grid). 20 tiles on 6 blocks: 3 full rounds and 2 tiles in 2 chunks of 3 and 2
+    // k-steps; 3 tiles on 8 blocks: no full round, each tile in 2 chunks; 10 tiles on 5
+    // blocks: no tail.
+    for &(k, mp, n, bm, epi, norm, g) in &[
+        (2usize, 256usize, 300usize, 64u32, true, true, 6usize),
+        (1, 128, 130, 64, false, true, 8),
+        (1, 256, 33, 64, true, false, 5),
+    ] {
+        v.push(gram_split_case(seed, k, mp, n, bm, epi, norm, g));
+    }
     for &(k, mp, n, norm) in &[(1usize, 128usize, 7usize, false), (2, 128, 300, true)] {
         v.push(update_case(seed, k, mp, n, norm, None));
     }
@@ -182,6 +193,46 @@ pub fn gram_case(seed: u64, k: usize, mp: usize, n: usize, bm: u32, epi: bool, n
         }),
         tolerance: bf16_tol(n),
     }
+}
+
+/// `ns_gram_split` on `g` blocks, the same product as [`gram_case`]: its tail's chunks
+/// as the op picks them ([`crate::ops::newton_schulz::split_tail`]), the workspace
+/// poisoned (every partial read is written first), the barrier's counter zero.
+#[allow(clippy::too_many_arguments)]
+pub fn gram_split_case(
+    seed: u64,
+    k: usize,
+    mp: usize,
+    n: usize,
+    bm: u32,
+    epi: bool,
+    norm: bool,
+    g: usize,
+) -> Case {
+    let mut c = gram_case(seed, k, mp, n, bm, epi, norm);
+    let t = mp / bm as usize;
+    let (r, ch) = crate::ops::newton_schulz::split_tail(k * t * (t + 1) / 2, g, n.div_ceil(64));
+    c.label = format!(
+        "{} split on {g} blocks (tail {r} x {ch})",
+        c.label.replacen("ns_gram", "ns_gram_split", 1)
+    );
+    c.kernel_name = Some("ns_gram_split");
+    c.defines.push(("CH".into(), ch.to_string()));
+    let b = bm as usize;
+    c.args.insert(
+        4,
+        ArgValue::Tensor(poisoned(DType::F32, &[(r * ch).max(1), b, b])),
+    );
+    c.args
+        .insert(5, ArgValue::Tensor(HostTensor::zeros(DType::I32, &[1])));
+    c.tensor_align = aligns(
+        &[
+            "x", "d", "out", "part", "ws", "counter", "alpha", "beta", "diag", "eps",
+        ],
+        &c.args,
+    );
+    c.grid = [g as u32, 1, 1];
+    c
 }
 
 /// `ns_update` on k matrices: out = s bm x, bm `[mp, mp]`, x `[mp, n]`; `persistent`:

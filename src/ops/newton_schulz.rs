@@ -7,7 +7,9 @@
 //!   (a tall matrix is read through its transpose: a view, never a host-side copy) and
 //!   the partial sums of squares of what it wrote;
 //! - each step is three products: `A = X X^T` and `B' = a I + b A + c A A` (both
-//!   symmetric: `ns_gram` computes the tiles on or above the diagonal and mirrors them),
+//!   symmetric: `ns_gram` computes the tiles on or above the diagonal and mirrors them;
+//!   `ns_gram_split`, one of its tuning candidates, splits the tiles of a partial last
+//!   round along K over the idle SMs instead of running that round),
 //!   then `X = B' X = a X + B X` (`ns_update`, a plain product: see `ns.kg` on rounding). The first step's products also divide by
 //!   `max(||X||_F, eps)` (torch's `X.div_(X.norm().clamp(min=eps))`), the norm added up
 //!   from the partial sums in a fixed order by every block that needs it: no pass of its
@@ -21,8 +23,10 @@
 //!
 //! Assumes: 16-bit iteration (bf16 by default, as Muon; f16 works too); an f32 norm.
 //! Guarantees: the result of every matrix depends only on that matrix (the batch is
-//! independent); results are deterministic (no atomics); bad shapes, dtypes and
-//! coefficient lists are typed errors before any launch.
+//! independent), up to the f32 rounding of `ns_gram_split`'s chunked sums, whose chunks
+//! follow the batch's tile count and the GPU's SM count; results are deterministic for
+//! a GPU and a tuning choice (no atomics); bad shapes, dtypes and coefficient lists are
+//! typed errors before any launch.
 
 use super::{dtype_err, shape_err, KernelArgs, OpError, Ops};
 use kgen_core::types::DType;
@@ -133,6 +137,8 @@ pub(crate) struct NsWork {
     /// `[1, 1, 1]` f32: `ns_prep`'s `buf` argument without momentum.
     no_buf: Tensor,
     dtype: DType,
+    /// `ns_gram_split`'s partials, `[chunks, BM, BM]` f32, made at its first use.
+    split_ws: std::sync::Mutex<Option<Tensor>>,
 }
 
 impl NsWork {
@@ -172,6 +178,7 @@ impl NsWork {
             cur: 0,
             no_buf: ops.zeros(DType::F32, &[1, 1, 1])?,
             dtype,
+            split_ws: std::sync::Mutex::new(None),
         })
     }
 
@@ -188,6 +195,21 @@ impl NsWork {
     /// `[k * mp, mp]`: `B`.
     pub(crate) fn update_matrix(&self) -> &Tensor {
         &self.b
+    }
+
+    /// `ns_gram_split`'s workspace for `chunks` partial tiles of `bm` rows (kept for the
+    /// next iterations and calls: its size depends only on the shape and the GPU).
+    fn split_workspace(&self, ops: &Ops, chunks: usize, bm: usize) -> Result<Tensor, OpError> {
+        let mut g = self
+            .split_ws
+            .lock()
+            .map_err(|_| shape_err("newton_schulz", "workspace lock poisoned"))?;
+        if let Some(t) = g.as_ref().filter(|t| t.shape() == [chunks, bm, bm]) {
+            return Ok(t.clone());
+        }
+        let t = ops.empty(DType::F32, &[chunks, bm, bm])?;
+        *g = Some(t.clone());
+        Ok(t)
     }
 
     fn empty(&self) -> bool {
@@ -438,41 +460,108 @@ impl Ops {
         epi: bool,
         norm: Option<f32>,
     ) -> Result<(), OpError> {
+        self.ns_gram_with(w, x, d, out, coef, epi, norm, None)
+    }
+
+    /// [`Ops::ns_gram`] with candidate `force` of [`gram_candidates`] instead of the
+    /// tuner's choice (the op checks run every candidate).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn ns_gram_with(
+        &self,
+        w: &NsWork,
+        x: &Tensor,
+        d: &Tensor,
+        out: &Tensor,
+        coef: (f32, f32, f32),
+        epi: bool,
+        norm: Option<f32>,
+        force: Option<usize>,
+    ) -> Result<(), OpError> {
         let (alpha, beta, diag) = coef;
         let x2 = x.reshape(&[w.k * w.mp, x.numel() / (w.k * w.mp)])?;
-        let args = KernelArgs::new()
-            .tensor("x", &x2)
-            .tensor("d", d)
-            .tensor("out", out)
-            .tensor("part", &w.part)
-            .scalar("alpha", alpha)
-            .scalar("beta", beta)
-            .scalar("diag", diag)
-            .scalar("eps", norm.unwrap_or(0.0));
+        let cands = gram_candidates(self.device().arch());
         let dt = w.dtype;
-        let (k, mp) = (w.k, w.mp);
-        self.ns_product(
-            "ns_gram",
-            super::plan::PlanKey::new("ns_gram").word(epi as u64 | (norm.is_some() as u64) << 1),
-            &args,
-            || format!("{dt} {k}x{mp}x{}", x2.shape()[1]),
-            &gram_candidates(self.device().arch()),
-            |c| {
-                let mut d = vec![
-                    ("T", dt.to_string()),
-                    ("BM", c.bm.to_string()),
-                    ("BK", c.bk.to_string()),
-                    ("EPI", epi.to_string()),
-                    ("NORM", norm.is_some().to_string()),
-                ];
-                d.extend(norm.map(|_| ("P", w.norm_chunk().to_string())));
-                d
-            },
-            |c| {
-                let t = mp / c.bm as usize;
-                k * t * (t + 1) / 2
+        let (k, mp, n) = (w.k, w.mp, x2.shape()[1]);
+        let t = |c: &NsConfig| mp / c.bm as usize;
+        let tiles = |c: &NsConfig| k * t(c) * (t(c) + 1) / 2;
+        // The split candidates' grid (one block per SM, all resident) and tail.
+        let g = self.sm_count().max(1);
+        let split = cands.iter().find(|c| c.split).map(|c| {
+            let tail = split_tail(tiles(c), g, n.div_ceil(c.bk as usize));
+            (tail, c.bm as usize)
+        });
+        let ws = match split {
+            Some(((r, ch), bm)) => Some(w.split_workspace(self, (r * ch).max(1), bm)?),
+            None => None,
+        };
+        let counter = self.grid_counter()?;
+        let with = |split: bool| {
+            let mut a = KernelArgs::new()
+                .tensor("x", &x2)
+                .tensor("d", d)
+                .tensor("out", out)
+                .tensor("part", &w.part);
+            if let (true, Some(ws)) = (split, &ws) {
+                a = a.tensor("ws", ws).tensor("counter", &counter);
+            }
+            a.scalar("alpha", alpha)
+                .scalar("beta", beta)
+                .scalar("diag", diag)
+                .scalar("eps", norm.unwrap_or(0.0))
+        };
+        let (plain, splits) = (with(false), with(true));
+        let key =
+            super::plan::PlanKey::new("ns_gram").word(epi as u64 | (norm.is_some() as u64) << 1);
+        let resolve = |i: usize| -> Result<Vec<super::plan::Launch>, OpError> {
+            let c = &cands[i];
+            let mut defs = vec![
+                ("T", dt.to_string()),
+                ("BM", c.bm.to_string()),
+                ("BK", c.bk.to_string()),
+                ("EPI", epi.to_string()),
+                ("NORM", norm.is_some().to_string()),
+            ];
+            defs.extend(norm.map(|_| ("P", w.norm_chunk().to_string())));
+            let (name, args, grid) = if c.split {
+                let (_, ch) = split_tail(tiles(c), g, n.div_ceil(c.bk as usize));
+                defs.push(("CH", ch.to_string()));
+                ("ns_gram_split", &splits, g)
+            } else {
+                ("ns_gram", &plain, tiles(c))
+            };
+            let kern = self.kernel_full(
+                "ns",
+                name,
+                &defs,
+                Some(c.warps),
+                c.min_blocks,
+                Some(c.stages),
+                args,
+            )?;
+            let grid =
+                u32::try_from(grid).map_err(|_| shape_err("newton_schulz", "too many tiles"))?;
+            Ok(vec![(kern, [grid, 1, 1])])
+        };
+        let args_of = |i: usize| if cands[i].split { &splits } else { &plain };
+        if let Some(i) = force {
+            if i >= cands.len() {
+                return Err(shape_err("newton_schulz", format!("no Gram candidate {i}")));
+            }
+            let launches = resolve(i)?;
+            let [(kern, grid)] = super::plan::launches_of::<1>("ns_gram", &launches)?;
+            return self.launch_args(kern, *grid, args_of(i));
+        }
+        self.launch_tuned_planned(
+            splits.plan_key(key),
+            || format!("{dt} {k}x{mp}x{n}"),
+            || cands.iter().map(NsConfig::label).collect(),
+            resolve,
+            |i, launches, pass| {
+                let [(kern, grid)] = super::plan::launches_of::<1>("ns_gram", launches)?;
+                self.launch_maybe_timed(kern, *grid, args_of(i).args(), pass)
             },
         )
+        .map(|_| ())
     }
 
     /// `out = s bm x`, per matrix (`s` as in [`Ops::ns_gram`]; `bm` holds `a I + B`).
@@ -611,6 +700,9 @@ pub struct NsConfig {
     /// `ns_update` only: each block walks tiles `num_bids(0)` apart, its ring alive
     /// across them (`PERSISTENT`, launched on the blocks the GPU holds at once).
     pub persistent: bool,
+    /// `ns_gram` only: `ns_gram_split`, the last partial round's tiles split along K
+    /// over a block per SM ([`split_tail`]).
+    pub split: bool,
 }
 
 impl NsConfig {
@@ -626,6 +718,7 @@ impl NsConfig {
                 .map(|b| format!(" b{b}"))
                 .unwrap_or_default(),
         ) + if self.persistent { " persistent" } else { "" }
+            + if self.split { " split" } else { "" }
     }
 }
 
@@ -638,7 +731,22 @@ const fn cfg(bm: u32, bn: u32, bk: u32, warps: u32, stages: u32) -> NsConfig {
         stages,
         min_blocks: None,
         persistent: false,
+        split: false,
     }
+}
+
+/// The tail of `ns_gram_split` on `g` blocks: the `tiles mod g` tiles left after the full
+/// rounds, and the chunks of K each is cut into (`CH`: a power of two, at most 16, at
+/// most `kts` k-steps, and at most `g / tail`, so every chunk has a block; 1 without a
+/// tail).
+pub fn split_tail(tiles: usize, g: usize, kts: usize) -> (usize, usize) {
+    let g = g.max(1);
+    let r = tiles % g;
+    if r == 0 {
+        return (0, 1);
+    }
+    let ch = (g / r).min(16).min(kts.max(1)).max(1);
+    (r, 1 << ch.ilog2())
 }
 
 /// Two blocks per SM: 3 stages of 128 x 128 x 64 fit twice in shared memory, and
@@ -651,7 +759,8 @@ const fn two_per_sm(c: NsConfig) -> NsConfig {
     }
 }
 
-/// `ns_gram`'s candidates on `arch` (square tiles; BM divides [`NS_ROW_ALIGN`]). Two
+/// `ns_gram`'s candidates on `arch` (square tiles; BM divides [`NS_ROW_ALIGN`]): the last
+/// is `ns_gram_split` (a block per SM, the partial last round split along K). Two
 /// blocks per SM only on sm_90a: an sm_80 SM (an A100's 164 KiB) does not hold two
 /// blocks' 96 KiB of stages, so there the cap would only cost registers (and the sm_80
 /// PTX capped at 128 registers, JIT-compiled for an H100, spilled 40 bytes and read
@@ -666,6 +775,16 @@ pub fn gram_candidates(arch: kgen_core::Arch) -> Vec<NsConfig> {
         },
         cfg(128, 128, 64, 8, 4),
         cfg(64, 64, 64, 4, 4),
+        NsConfig {
+            split: true,
+            ..cfg(
+                128,
+                128,
+                64,
+                8,
+                if arch == kgen_core::Arch::Sm90a { 4 } else { 3 },
+            )
+        },
     ]
 }
 
@@ -769,6 +888,7 @@ mod tests {
             let lists = [("ns_gram", gram), ("ns_update", update_candidates(arch))];
             for (kernel, cands) in lists {
                 for c in cands {
+                    let kernel = if c.split { "ns_gram_split" } else { kernel };
                     let mut o = CompileOptions::new(arch)
                         .kernel(kernel)
                         .define("BM", c.bm)

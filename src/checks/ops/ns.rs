@@ -52,11 +52,17 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
             check_ns(&ops, k, r, c, dt, tv),
         ));
     }
-    for (k, r, c) in [(2, 200, 300), (1, 7, 5)] {
-        out.push((
-            format!("ns_gram {k}x{r}x{c}: mirrored half exact, vs f64"),
-            check_gram(&ops, k, r, c),
-        ));
+    let cands = crate::ops::newton_schulz::gram_candidates(device.arch());
+    for (k, r, c) in [(2, 200, 300), (1, 7, 5), (3, 250, 1000)] {
+        for (i, cand) in cands.iter().enumerate() {
+            out.push((
+                format!(
+                    "ns_gram {k}x{r}x{c} [{}]: mirrored half exact, vs f64",
+                    cand.label()
+                ),
+                check_gram(&ops, k, r, c, i),
+            ));
+        }
     }
     out
 }
@@ -132,8 +138,9 @@ fn check_ns(
 
 /// The symmetric product `A = X X^T` of a batch: the tiles below the diagonal are the
 /// mirror of those above bit for bit, every element is within bf16 rounding of the f64
-/// product of the stored X, and the padding rows and columns are zero.
-fn check_gram(ops: &Ops, k: usize, r: usize, c: usize) -> Result<f64, String> {
+/// product of the stored X, and the padding rows and columns are zero; with Gram
+/// candidate `cand` (every one is checked, whatever the tuner would pick).
+fn check_gram(ops: &Ops, k: usize, r: usize, c: usize, cand: usize) -> Result<f64, String> {
     let e = |x: crate::ops::OpError| x.to_string();
     let d = ops.device();
     let mut rng = crate::cases::Rng::new((k * 7 + r * 3 + c) as u64);
@@ -141,7 +148,7 @@ fn check_gram(ops: &Ops, k: usize, r: usize, c: usize) -> Result<f64, String> {
     let w = NsWork::new(ops, DType::BF16, k, r, c).map_err(e)?;
     let gi = orient("ns_gram", &g).map_err(e)?;
     ops.ns_prep_run(&w, 0, &gi, None).map_err(e)?;
-    ops.ns_gram(
+    ops.ns_gram_with(
         &w,
         w.current(),
         w.update_matrix(),
@@ -149,6 +156,7 @@ fn check_gram(ops: &Ops, k: usize, r: usize, c: usize) -> Result<f64, String> {
         (1.0, 0.0, 0.0),
         false,
         None,
+        Some(cand),
     )
     .map_err(e)?;
     let (mp, np) = (w.mp, w.np);
