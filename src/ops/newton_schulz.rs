@@ -140,6 +140,9 @@ pub(crate) struct NsWork {
     dtype: DType,
     /// `ns_gram_split`'s partials, `[chunks, BM, BM]` f32, made at its first use.
     split_ws: std::sync::Mutex<Option<Tensor>>,
+    /// The update candidate the tuner chose at this shape (the last iteration's
+    /// `ns_update_emit` is built like it, untimed).
+    update_choice: Option<usize>,
 }
 
 impl NsWork {
@@ -180,6 +183,7 @@ impl NsWork {
             no_buf: ops.zeros(DType::F32, &[1, 1, 1])?,
             dtype,
             split_ws: std::sync::Mutex::new(None),
+            update_choice: None,
         })
     }
 
@@ -234,6 +238,15 @@ impl NsWork {
             1,
         ]
     }
+}
+
+/// Where [`Ops::ns_iterate_into`] writes the result of matrices `first ..` of the batch:
+/// `p = result` or, with `hp` (`[k, 2]` f32 rows `(decay, scale)`), `p = decay * p +
+/// scale * result`, in p's storage orientation (as [`Ops::ns_emit_run`]).
+pub(crate) struct EmitTo<'a> {
+    pub first: usize,
+    pub p: Oriented,
+    pub hp: Option<&'a Tensor>,
 }
 
 /// Muon's momentum, fused into `ns_prep`: `buf` (f32, the gradient's shape and storage),
@@ -313,10 +326,14 @@ impl Ops {
         self.ns_prep_run(&work, 0, &xi, None)?;
         if fused.unwrap_or_else(|| self.ns_fused_applies()) {
             self.ns_fused(&mut work, &sched, NS_EPS)?;
-        } else {
-            self.ns_iterate(&mut work, &sched, NS_EPS)?;
+            return self.ns_emit_run(&work, 0, &xo, None);
         }
-        self.ns_emit_run(&work, 0, &xo, None)
+        let to = [EmitTo {
+            first: 0,
+            p: xo,
+            hp: None,
+        }];
+        self.ns_iterate_into(&mut work, &sched, NS_EPS, &to)
     }
 
     /// `ns_prep` into matrices `first ..` of `w`'s current buffer: the bf16 (and, with
@@ -354,14 +371,18 @@ impl Ops {
         self.launch_args(&kern, grid, &args)
     }
 
-    /// The iterations, 3 products each, leaving the result in `w.current()`. The
-    /// current buffer holds the unnormalized input and `w`'s partial sums its squares
+    /// The iterations, 3 products each. The current buffer holds the unnormalized input and `w`'s partial sums its squares
     /// (`ns_prep_run`): the first step's products apply `1 / max(||X||, eps)`.
-    pub(crate) fn ns_iterate(
+    /// The last iteration's update is written straight into `to`'s tensors
+    /// (`ns_update_emit`: [`Ops::ns_emit_run`] fused into the product's epilogue, the
+    /// same bits); with `to` empty, into `w.current()`. The targets must cover every
+    /// matrix whose result is wanted: the others get none.
+    pub(crate) fn ns_iterate_into(
         &self,
         w: &mut NsWork,
         sched: &[(f32, f32, f32)],
         eps: f32,
+        to: &[EmitTo],
     ) -> Result<(), OpError> {
         for (i, &(a, b, c)) in sched.iter().enumerate() {
             let x = w.x[w.cur].clone();
@@ -369,7 +390,13 @@ impl Ops {
             let norm = (i == 0).then_some(eps);
             self.ns_gram(w, &x, &w.b, &w.a, (1.0, 0.0, 0.0), false, norm)?;
             self.ns_gram(w, &w.a, &w.a, &w.b, (c, b, a), true, None)?;
-            self.ns_update(w, &w.b, &x, &nx, norm)?;
+            if i + 1 == sched.len() && !to.is_empty() {
+                for t in to {
+                    self.ns_update_emit(w, &x, t, norm)?;
+                }
+                return Ok(());
+            }
+            w.update_choice = Some(self.ns_update(w, &w.b, &x, &nx, norm)?);
             w.cur = 1 - w.cur;
         }
         Ok(())
@@ -576,7 +603,7 @@ impl Ops {
         x: &Tensor,
         out: &Tensor,
         norm: Option<f32>,
-    ) -> Result<(), OpError> {
+    ) -> Result<usize, OpError> {
         let flat = |t: &Tensor| t.reshape(&[w.k * w.mp, w.np]);
         let (x2, o2) = (flat(x)?, flat(out)?);
         let args = KernelArgs::new()
@@ -622,10 +649,9 @@ impl Ops {
         cands: &[NsConfig],
         defines: impl Fn(&NsConfig) -> Vec<(&'static str, String)> + Sync,
         blocks: impl Fn(&NsConfig) -> usize + Sync,
-    ) -> Result<(), OpError> {
-        self.launch_planned(
-            key,
-            args,
+    ) -> Result<usize, OpError> {
+        self.launch_tuned_planned(
+            args.plan_key(key),
             shape_key,
             || cands.iter().map(NsConfig::label).collect(),
             |i| {
@@ -635,9 +661,76 @@ impl Ops {
                 let tiles = if c.persistent { tiles.min(fits) } else { tiles };
                 let grid = u32::try_from(tiles)
                     .map_err(|_| shape_err("newton_schulz", "too many tiles"))?;
-                Ok((kern, [grid, 1, 1]))
+                Ok(vec![(kern, [grid, 1, 1])])
+            },
+            |_, launches, pass| {
+                let [(k, grid)] = super::plan::launches_of::<1>(kernel, launches)?;
+                self.launch_maybe_timed(k, *grid, args.args(), pass)
             },
         )
+    }
+
+    /// The last update of matrices `to.first ..` into `to.p` (`ns_update_emit`), built
+    /// as the update candidate the tuner chose at this shape (not timed itself: with
+    /// `hp` it updates `p` in place), or, where that tile's epilogue would need more
+    /// registers than a thread has (128 x 256 with `hp`: the f32 tile of `p` beside the
+    /// accumulators), as the 128 x 128 one.
+    fn ns_update_emit(
+        &self,
+        w: &NsWork,
+        x: &Tensor,
+        to: &EmitTo,
+        norm: Option<f32>,
+    ) -> Result<(), OpError> {
+        let s = to.p.storage.shape();
+        let kk = s[0];
+        if kk == 0 {
+            return Ok(());
+        }
+        let (mp, np) = (w.mp, w.np);
+        let rows = |t: &Tensor| -> Result<Tensor, OpError> {
+            Ok(t.reshape(&[w.k * mp, t.numel() / (w.k * mp)])?
+                .narrow(0, to.first * mp, kk * mp)?)
+        };
+        let (bm2, x2) = (rows(&w.b)?, rows(x)?);
+        let part = w.part.narrow(0, to.first, kk)?;
+        let dummy;
+        let hp = match to.hp {
+            Some(h) => h,
+            None => {
+                dummy = w.part.narrow(1, 0, 1)?;
+                &dummy
+            }
+        };
+        let args = KernelArgs::new()
+            .tensor("bm", &bm2)
+            .tensor("x", &x2)
+            .tensor("p", &to.p.storage)
+            .tensor("hp", hp)
+            .tensor("part", &part)
+            .scalar("eps", norm.unwrap_or(0.0));
+        let cands = update_candidates(self.device().arch());
+        let mut c = cands[w.update_choice.unwrap_or(0).min(cands.len() - 1)];
+        if to.hp.is_some() && c.bn > 128 {
+            c = cfg(128, 128, 64, 8, 4);
+        }
+        let mut defines = vec![
+            ("T", w.dtype.to_string()),
+            ("S", to.p.storage.dtype().to_string()),
+            ("BM", c.bm.to_string()),
+            ("BN", c.bn.to_string()),
+            ("BK", c.bk.to_string()),
+            ("NORM", norm.is_some().to_string()),
+            ("PERSISTENT", c.persistent.to_string()),
+            ("TRANS", to.p.trans.to_string()),
+            ("ACCUM", to.hp.is_some().to_string()),
+        ];
+        defines.extend(norm.map(|_| ("P", w.norm_chunk().to_string())));
+        let tiles = kk * (mp / c.bm as usize) * np.div_ceil(c.bn as usize);
+        let (kern, fits) = self.ns_kernel("ns_update_emit", defines, &c, &args, tiles)?;
+        let grid = if c.persistent { tiles.min(fits) } else { tiles };
+        let grid = u32::try_from(grid).map_err(|_| shape_err("newton_schulz", "too many tiles"))?;
+        self.launch_args(&kern, [grid, 1, 1], &args)
     }
 
     /// Product `kernel` of `ns.kg` as candidate `c` with `defines`, and how many of its
@@ -940,6 +1033,66 @@ mod tests {
                         }
                         Ok(_) => {}
                     }
+                }
+            }
+        }
+    }
+
+    /// The last update written straight into the output (`ns_update_emit`) gives the
+    /// same bits as writing the working buffer and then `ns_emit`: plain and transposed
+    /// outputs, with and without Muon's `p = decay p + scale X`, a batch split into two
+    /// targets, one step (the normalizing update) and three.
+    #[test]
+    fn emitting_update_matches_update_then_emit() {
+        let d = Device::interpreter();
+        let ops = Ops::new(&d);
+        for (k, r, c, steps) in [(3, 20, 70, 3), (3, 70, 20, 1), (2, 9, 9, 2)] {
+            let mut rng = crate::rng::Rng::new(11);
+            let mut rand =
+                |n: usize| -> Vec<f64> { (0..n).map(|_| rng.next_f64() * 2.0 - 1.0).collect() };
+            let x = d
+                .from_f64(DType::F32, &[k, r, c], &rand(k * r * c))
+                .unwrap();
+            let p0 = rand(k * r * c);
+            let hp = d.from_f64(DType::F32, &[k, 2], &rand(2 * k)).unwrap();
+            let sched = ns_schedule(&[QUINTIC], steps).unwrap();
+            for accum in [false, true] {
+                let run = |fused: bool| -> Vec<f64> {
+                    let p = d.from_f64(DType::F32, &[k, r, c], &p0).unwrap();
+                    let mut w = NsWork::new(&ops, DType::BF16, k, r, c).unwrap();
+                    let xi = orient("t", &x).unwrap();
+                    ops.ns_prep_run(&w, 0, &xi, None).unwrap();
+                    let parts = [(0, 1), (1, k - 1)];
+                    let hps: Vec<Tensor> = parts
+                        .iter()
+                        .map(|&(f, n)| hp.narrow(0, f, n).unwrap())
+                        .collect();
+                    let to: Vec<EmitTo> = parts
+                        .iter()
+                        .zip(&hps)
+                        .map(|(&(f, n), h)| EmitTo {
+                            first: f,
+                            p: orient("t", &p.narrow(0, f, n).unwrap()).unwrap(),
+                            hp: accum.then_some(h),
+                        })
+                        .collect();
+                    if fused {
+                        ops.ns_iterate_into(&mut w, &sched, NS_EPS, &to).unwrap();
+                    } else {
+                        ops.ns_iterate_into(&mut w, &sched, NS_EPS, &[]).unwrap();
+                        for t in &to {
+                            ops.ns_emit_run(&w, t.first, &t.p, t.hp).unwrap();
+                        }
+                    }
+                    p.to_f64_vec().unwrap()
+                };
+                let (a, b) = (run(false), run(true));
+                assert!(a.iter().all(|v| v.is_finite()));
+                let same = a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits());
+                assert!(same, "{k}x{r}x{c} steps {steps} accum {accum}");
+                if accum {
+                    // The update did change p.
+                    assert!(a.iter().zip(&p0).any(|(u, v)| u != v));
                 }
             }
         }

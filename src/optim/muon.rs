@@ -21,8 +21,9 @@
 //! the memory-bound launches (momentum + bf16 cast + partial norms, the final update) take
 //! the run as one `[k, rows, cols]` tensor. GPT-2 small's 48 matrices are 3 buckets
 //! (768 x 768, 768 x 2304, 768 x 3072: c_fc `[3072, 768]` and the MLP projection
-//! `[768, 3072]` share one, the first read through its transpose) and 4 runs: 4 + 45 + 4 =
-//! 53 launches per step, whatever the batch size. No host synchronization; the
+//! `[768, 3072]` share one, the first read through its transpose) and 4 runs: 4 + 42 + 4 =
+//! 50 launches per step, whatever the batch size (the last update of each run writes its
+//! parameters itself: `ns_update_emit`). No host synchronization; the
 //! per-matrix `(1 - lr * wd, -adjusted_lr)` rows are uploaded (asynchronously) only at the
 //! first step and after [`Muon::set_lr`], so a step is the same launches every time and a
 //! CUDA graph can capture it (after one eager step, which compiles and tunes).
@@ -40,7 +41,7 @@
 //! - Hyperparameters are host numbers; one set of parameters fixed at construction (flat
 //!   buffers); every parameter is updated each step (no "grad is None, skip").
 
-use crate::ops::newton_schulz::{ns_schedule, orient, Momentum, NsWork, NS_EPS, QUINTIC};
+use crate::ops::newton_schulz::{ns_schedule, orient, EmitTo, Momentum, NsWork, NS_EPS, QUINTIC};
 use crate::ops::{shape_err, OpError, Ops};
 use crate::optim::{AdamW, ParamGroup};
 use kgen_core::types::DType;
@@ -400,13 +401,20 @@ impl Muon {
                 )?;
                 launches += 1;
             }
-            ops.ns_iterate(&mut b.work, &b.sched, b.eps)?;
-            launches += 3 * b.sched.len() as u64;
-            for r in &b.runs {
-                let p = r_view(&self.p, r)?;
-                ops.ns_emit_run(&b.work, r.first, &orient("muon", &p)?, Some(&r.hp))?;
-                launches += 1;
-            }
+            // The last update of each run goes straight into its parameters.
+            let to = b
+                .runs
+                .iter()
+                .map(|r| {
+                    Ok(EmitTo {
+                        first: r.first,
+                        p: orient("muon", &r_view(&self.p, r)?)?,
+                        hp: Some(&r.hp),
+                    })
+                })
+                .collect::<Result<Vec<_>, OpError>>()?;
+            ops.ns_iterate_into(&mut b.work, &b.sched, b.eps, &to)?;
+            launches += 3 * b.sched.len() as u64 - 1 + b.runs.len() as u64;
         }
         self.launches += launches;
         Ok(())

@@ -168,8 +168,9 @@ mod tests {
         // groups, two momentum settings), 1x1, 5x7.
         assert_eq!(opt.buckets(), 4);
         opt.step(&ops).unwrap();
-        // prep per run (2 + 2 + 1 + 1), 15 products per bucket, emit per run.
-        assert_eq!(opt.step_launches(), 6 + 4 * 15 + 6);
+        // prep per run (2 + 2 + 1 + 1), 14 products per bucket, and each run's last
+        // update (into its parameters).
+        assert_eq!(opt.step_launches(), 6 + 4 * 14 + 6);
         assert_eq!(opt.param(0, 1).unwrap().shape(), [70, 33]);
         assert!(opt.param(2, 0).is_err());
     }
