@@ -18,6 +18,7 @@ pub mod chains;
 pub mod display;
 pub mod parse;
 pub mod props;
+pub mod uniform;
 
 pub use arena::{Arena, Handle};
 pub use props::{
@@ -374,7 +375,7 @@ pub enum Op {
     /// cluster of `size` consecutive blocks along grid axis 0 (`bid(0) % size`). `i32`
     /// scalar. Like `ClusterGather`, it makes the kernel run in clusters of `size` (one
     /// size per kernel), so a copy that every block of a cluster makes alike can be
-    /// multicast (`back::ptx::cluster_uniform`).
+    /// multicast (`ir::uniform`).
     ClusterRank(u32),
     /// The value of scalar parameter `param` (index into `Function::params`).
     ScalarParam(u32),

@@ -14,7 +14,6 @@
 pub mod assign;
 pub mod axis;
 pub mod cheap_layouts;
-pub mod cluster_uniform;
 pub mod dead_code;
 pub mod dot_chains;
 pub mod isa;

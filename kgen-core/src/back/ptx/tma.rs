@@ -19,7 +19,7 @@
 //! With the specialization's `multicast`, in a kernel that runs in clusters of two blocks
 //! (`cluster_rank(2)`), a buffer whose
 //! every fetch is the same in both blocks (slot and tile index cluster-uniform, under
-//! cluster-uniform control: `cluster_uniform.rs`) and whose slot holds an even number of
+//! cluster-uniform control: `ir/uniform.rs`) and whose slot holds an even number of
 //! swizzle atoms is *multicast*: each block copies half the atoms into both blocks'
 //! shared memory (`.multicast::cluster`), so the pair reads the tile from L2 once.
 //!
@@ -183,7 +183,7 @@ pub fn plan(func: &Function, target: &Target, spec: &Specialization) -> TmaPlan 
 /// The TMA-filled buffers whose fetches are all alike in both blocks of a cluster of two
 /// and whose slots hold an even number of swizzle atoms (module docs).
 fn multicast_bufs(func: &Function, plan: &TmaPlan) -> std::collections::BTreeSet<u32> {
-    let uni = super::cluster_uniform::analyze(func, 2);
+    let uni = crate::ir::uniform::analyze(func, &func.body, crate::ir::uniform::Scope::Cluster(2));
     let mut ok: HashMap<u32, bool> = HashMap::new();
     for id in crate::ir::program_order(func) {
         let Op::ScratchFetch {
