@@ -14,9 +14,13 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
         (2, 128, 33, 64, false, true),
         (2, 128, 127, 64, true, false),
         (1, 128, 300, 128, true, false),
+        (2, 256, 70, 128, true, true),
     ] {
         v.push(gram_case(seed, k, mp, n, bm, epi, norm));
     }
+    // The first Gram of the op's zero-copy path: the trace partials of diagonal tiles.
+    v.push(gram_trace_case(seed, 2, 256, 300, 128));
+    v.push(gram_trace_case(seed, 1, 192, 40, 64));
     // The split Gram (a tail split along K after a grid_sync): (matrices, mp, n, BM, EPI,
     // NORM, grid). 20 tiles on 6 blocks: 3 full rounds and 2 tiles in 2 chunks of 3 and 2
     // k-steps; 3 tiles on 8 blocks: no full round, each tile in 2 chunks; 10 tiles on 5
@@ -118,7 +122,8 @@ fn bf16_tol(terms: usize) -> Tolerance {
     }
 }
 
-/// `ns_gram` on k matrices `[mp, n]`: out = alpha s^2 x x^T (+ beta d + diag I).
+/// `ns_gram` on k matrices `[mp, n]`: out = alpha u^2 x x^T (+ beta u d + diag I), u = s
+/// (x is X0) or, with EPI, s^2 (x is the unnormalized A0); u = 1 without NORM.
 pub fn gram_case(seed: u64, k: usize, mp: usize, n: usize, bm: u32, epi: bool, norm: bool) -> Case {
     let label = format!("ns_gram k={k} mp={mp} n={n} BM={bm} EPI={epi} NORM={norm}");
     let mut rng = Rng::for_case(seed, &label);
@@ -187,9 +192,10 @@ pub fn gram_case(seed: u64, k: usize, mp: usize, n: usize, bm: u32, epi: bool, n
                         let row = |r: usize| &x[(b * mp + r) * n..(b * mp + r + 1) * n];
                         let dot: f64 = row(i).iter().zip(row(j)).map(|(p, q)| p * q).sum();
                         let at = (b * mp + i) * mp + j;
-                        let mut v = alpha * s[b] * s[b] * dot;
+                        let u = if epi { s[b] * s[b] } else { s[b] };
+                        let mut v = alpha * u * u * dot;
                         if epi {
-                            v += beta * d[at] + if i == j { diag } else { 0.0 };
+                            v += beta * u * d[at] + if i == j { diag } else { 0.0 };
                         }
                         out[at] = v;
                     }
@@ -199,6 +205,38 @@ pub fn gram_case(seed: u64, k: usize, mp: usize, n: usize, bm: u32, epi: bool, n
         }),
         tolerance: bf16_tol(n),
     }
+}
+
+/// `ns_gram` with TRACE (no NORM, no EPI): besides x x^T, `part` ([k, mp / 64], poisoned)
+/// gets each diagonal tile's trace at its first 64-row entry and zeros at the others.
+pub fn gram_trace_case(seed: u64, k: usize, mp: usize, n: usize, bm: u32) -> Case {
+    let mut c = gram_case(seed, k, mp, n, bm, false, false);
+    c.label = format!("ns_gram k={k} mp={mp} n={n} BM={bm} TRACE");
+    c.defines.push(("TRACE".into(), "true".into()));
+    c.args[3] = ArgValue::Tensor(poisoned(DType::F32, &[k, mp / 64]));
+    c.outputs = vec![2, 3];
+    let product = std::mem::replace(&mut c.reference, Box::new(|_| Vec::new()));
+    let (b, per) = (bm as usize, mp / 64);
+    c.reference = Box::new(move |args| {
+        let x = tensor_at(args, 0).to_f64_vec();
+        let mut want = product(args);
+        let mut part = vec![0.0; k * per];
+        for m in 0..k {
+            for t in 0..mp / b {
+                part[m * per + t * b / 64] = (t * b..(t + 1) * b)
+                    .map(|r| {
+                        x[(m * mp + r) * n..(m * mp + r + 1) * n]
+                            .iter()
+                            .map(|v| v * v)
+                            .sum::<f64>()
+                    })
+                    .sum();
+            }
+        }
+        want.push(part);
+        want
+    });
+    c
 }
 
 /// `ns_gram_split` on `g` blocks, the same product as [`gram_case`]: its tail's chunks

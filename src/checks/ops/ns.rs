@@ -1,5 +1,6 @@
 //! Self-checks of Newton–Schulz (`ops/newton_schulz.rs`): the op on awkward shapes
-//! (square, wide, tall, batched, a transposed view, f32 and bf16 inputs) against the
+//! (square, wide, tall, batched, a transposed view, f32 and bf16 inputs, bf16 inputs the
+//! op reads in place: no `ns_prep`, the norm from the first Gram's trace) against the
 //! float64 port of torch.optim.Muon's iteration with bf16 rounding modelled
 //! ([`crate::cases::torch_muon`]), the singular values of the result in Muon's band, and
 //! the symmetric Gram product's mirrored half element by element.
@@ -34,12 +35,17 @@ pub fn gpu_checks(device: &Device) -> Vec<(String, Result<f64, String>)> {
         (1, 300, 127, DType::BF16, false),
         (3, 33, 70, DType::F32, false),
         (2, 70, 33, DType::F32, true),
+        // bf16, wide, rows a multiple of 128, cols of 8: the zero-copy path (no ns_prep,
+        // the norm from the first Gram's trace).
+        (1, 128, 136, DType::BF16, false),
     ];
     if device.is_gpu() {
         shapes.extend([
             (1, 256, 1000, DType::BF16, false),
             (4, 200, 200, DType::BF16, false),
             (2, 390, 130, DType::F32, true),
+            (2, 256, 1024, DType::BF16, false),
+            (3, 384, 384, DType::BF16, false),
         ]);
     }
     let mut out = Vec::new();
@@ -155,7 +161,7 @@ fn check_gram(ops: &Ops, k: usize, r: usize, c: usize, cand: usize) -> Result<f6
         w.gram(),
         (1.0, 0.0, 0.0),
         false,
-        None,
+        crate::ops::newton_schulz::NsNorm::Off,
         Some(cand),
     )
     .map_err(e)?;
