@@ -405,3 +405,82 @@ fn every_launchable_specialization_assembles_without_spills() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// No spills in the self-test either: every case of `kgen selftest` (the quick set, the
+/// specializations `kgen selftest --gpu` builds, unaligned rows and all, which the ops
+/// never launch) compiled for every target its source supports and assembled by ptxas.
+/// A case its target refuses (a cluster kernel on sm_80) is counted, not failed.
+#[test]
+fn every_selftest_case_assembles_without_spills() {
+    let Some(ptxas) = common::ptxas() else {
+        eprintln!("KGEN_SKIP_PTXAS=1: not assembling");
+        return;
+    };
+    let cases = kgen::cases::all_cases(1, kgen::cases::SizeSet::Quick);
+    let mut bodies: BTreeMap<(String, Arch), (String, String)> = BTreeMap::new();
+    let (mut refused, mut failures) = (0, Vec::new());
+    for c in &cases {
+        let file = c.source();
+        for arch in source_targets(&file.text) {
+            match compile(&file, &c.compile_options(arch)) {
+                Ok(k) => {
+                    bodies
+                        .entry((body_key(&k.ptx, &k.entry), arch))
+                        .or_insert_with(|| (format!("{} ({arch})", c.label), k.ptx));
+                }
+                Err(d) if d.0.iter().any(|x| x.code == ErrorCode::InvalidIr) => {
+                    failures.push(format!("{} ({arch}):\n{}", c.label, d.render(&file)))
+                }
+                Err(_) => refused += 1,
+            }
+        }
+    }
+    let mut batches: Vec<(Arch, Vec<(String, String)>)> = Vec::new();
+    let mut by_arch: BTreeMap<Arch, Vec<(String, String)>> = BTreeMap::new();
+    for ((_, arch), job) in &bodies {
+        by_arch.entry(*arch).or_default().push(job.clone());
+    }
+    for (arch, jobs) in by_arch {
+        for chunk in jobs.chunks(BATCH) {
+            batches.push((arch, chunk.to_vec()));
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let next = AtomicUsize::new(0);
+    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((arch, jobs)) = batches.get(i) else {
+                    break;
+                };
+                match assemble_batch(&ptxas, *arch, jobs, 100_000 + i) {
+                    Ok(rs) => {
+                        for (label, r) in rs {
+                            if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 {
+                                bad.lock().unwrap().push(format!(
+                                    "{label}: {} registers, {} bytes stack, {} / {} bytes spilled",
+                                    r.registers, r.stack_frame_bytes, r.spill_stores, r.spill_loads
+                                ));
+                            }
+                        }
+                    }
+                    Err(e) => bad.lock().unwrap().push(e),
+                }
+            });
+        }
+    });
+    failures.extend(bad.into_inner().unwrap());
+    eprintln!(
+        "{} cases, {} distinct PTX assembled, {refused} refused by a target",
+        cases.len(),
+        bodies.len()
+    );
+    assert!(
+        cases.len() > 300,
+        "only {} cases: the list broke",
+        cases.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

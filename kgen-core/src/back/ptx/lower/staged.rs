@@ -18,7 +18,10 @@
 //!   `st.shared` where it allows no vector, or the tensor is not `contiguous`); chunks
 //!   outside the tensor or the tile's real extent are zero-filled by the copy's source
 //!   size, so a product never reads padding. Consecutive threads copy consecutive chunks
-//!   of a row (coalesced). Every fetch ends with one `cp.async.commit_group`, and the
+//!   of a row (coalesced). A thread's chunks' coordinates are loop-invariant (prologue)
+//!   up to 8 chunks a thread; beyond that (narrow copies of a large tile) only the first
+//!   chunk's are, and each later one steps a pass of rows from the one before, so the
+//!   registers held across the loop do not grow with the chunk count. Every fetch ends with one `cp.async.commit_group`, and the
 //!   groups are committed in the order of the fetches (the waits count them), deferred
 //!   or not.
 //! - Every cross-thread access is declared to `sync::Tracker` (a fetch as an
@@ -421,7 +424,32 @@ impl Lowerer<'_> {
         // registers and some specializations spilled 4 bytes with it.
         let mut fast: Option<(Reg, Reg)> = None;
         let one_compare = same_col && (self.target.caps.wgmma || self.single_dot_kernel());
-        for k in 0..chunks.div_ceil(threads) {
+        // More than 8 chunks a thread (rows aligned to less than 16 bytes: 4-byte,
+        // 8-byte or element copies of a large tile) would hold a 64-bit offset, a row and
+        // predicates per chunk across the loop: 64 element chunks took the 128 x 256
+        // update tile to 744 bytes of spills. With the thread's chunks in one column,
+        // chunk k's row is the first's plus k passes and its address the previous one's
+        // plus a pass of rows, so only the first chunk's coordinates are loop-invariant.
+        let per_thread = chunks.div_ceil(threads);
+        let incremental = threads.is_multiple_of(per_row.max(1)) && per_thread > 8;
+        let pass_bytes = incremental.then(|| {
+            self.in_prologue(|l| {
+                let rows = l.op1(
+                    RegClass::B64,
+                    "mul.wide.s32",
+                    vec![stride0.clone(), Operand::Imm(rows_per_pass as i64)],
+                );
+                l.op1(
+                    RegClass::B64,
+                    "shl.b64",
+                    vec![rows.into(), Operand::Imm(es.trailing_zeros() as i64)],
+                )
+            })
+        });
+        // The previous chunk's address, row, column, column in copy units and in-tile
+        // predicate, incremental mode.
+        let mut prev: Option<(Reg, Reg, Reg, Reg, Option<Reg>)> = None;
+        for k in 0..per_thread {
             // Chunk q = tid + k * threads: row q / per_row, column chunk q % per_row; its
             // row, column, swizzled slot offset and offset in the tensor from the tile's
             // origin are loop-invariant (prologue).
@@ -441,42 +469,69 @@ impl Lowerer<'_> {
                     });
                 (q, active)
             });
-            let (row, col, soff) = self.chunk_coords(q, per_row, ve, &tile);
-            let (thr_off, col_units, row_in_tile) = self.in_prologue(|l| {
-                let r = l.op1(
-                    RegClass::B64,
-                    "mul.wide.s32",
-                    vec![row.into(), stride0.clone()],
+            if let (Some((paddr, prow, col, col_units, _)), Some(step)) = (prev, pass_bytes) {
+                // Chunk k: k passes of rows below the first, same column.
+                let row = self.op1(
+                    RegClass::B32,
+                    "add.s32",
+                    vec![prow.into(), Operand::Imm(rows_per_pass as i64)],
                 );
-                let c = l.op1(
-                    RegClass::B64,
-                    "mul.wide.s32",
-                    vec![col.into(), stride1.clone()],
-                );
-                let e = l.op1(RegClass::B64, "add.s64", vec![r.into(), c.into()]);
-                let bytes = l.op1(
-                    RegClass::B64,
-                    "shl.b64",
-                    vec![e.into(), Operand::Imm(es.trailing_zeros() as i64)],
-                );
-                let units = if async_copy {
-                    l.op1(
-                        RegClass::B32,
-                        "mul.lo.s32",
-                        vec![col.into(), Operand::Imm(es as i64)],
-                    )
-                } else {
-                    col
-                };
+                let gaddr = self.op1(RegClass::B64, "add.s64", vec![paddr.into(), step.into()]);
                 let in_tile = (real[0] < tile.rows).then(|| {
-                    l.op1(
+                    self.op1(
                         RegClass::Pred,
                         "setp.lt.u32",
                         vec![row.into(), Operand::Imm(real[0] as i64)],
                     )
                 });
-                (bytes, units, in_tile)
-            });
+                prev = Some((gaddr, row, col, col_units, in_tile));
+            }
+            let (row, col, soff) = match prev {
+                // Rows a multiple of 8 apart share the swizzle: the slot offset is then
+                // the first chunk's plus an immediate (below), else it is computed here.
+                Some((_, row, col, _, _)) if same_col => (row, col, row),
+                Some((_, row, col, _, _)) => (row, col, self.swizzled_offset(&tile, row, col)),
+                None => self.chunk_coords(q, per_row, ve, &tile),
+            };
+            let (thr_off, col_units, row_in_tile) = match prev {
+                // The incremental chunk's address is already absolute (`thr_off` unused).
+                Some((_, _, _, cu, it)) => (row, cu, it),
+                None => self.in_prologue(|l| {
+                    let r = l.op1(
+                        RegClass::B64,
+                        "mul.wide.s32",
+                        vec![row.into(), stride0.clone()],
+                    );
+                    let c = l.op1(
+                        RegClass::B64,
+                        "mul.wide.s32",
+                        vec![col.into(), stride1.clone()],
+                    );
+                    let e = l.op1(RegClass::B64, "add.s64", vec![r.into(), c.into()]);
+                    let bytes = l.op1(
+                        RegClass::B64,
+                        "shl.b64",
+                        vec![e.into(), Operand::Imm(es.trailing_zeros() as i64)],
+                    );
+                    let units = if async_copy {
+                        l.op1(
+                            RegClass::B32,
+                            "mul.lo.s32",
+                            vec![col.into(), Operand::Imm(es as i64)],
+                        )
+                    } else {
+                        col
+                    };
+                    let in_tile = (real[0] < tile.rows).then(|| {
+                        l.op1(
+                            RegClass::Pred,
+                            "setp.lt.u32",
+                            vec![row.into(), Operand::Imm(real[0] as i64)],
+                        )
+                    });
+                    (bytes, units, in_tile)
+                }),
+            };
             // The row is inside the tensor (unsigned: a negative row is not) and the tile.
             let grow = self.op1(RegClass::B32, "add.s32", vec![origin[0].into(), row.into()]);
             let ok = self.op1(
@@ -488,11 +543,17 @@ impl Lowerer<'_> {
                 Some(p) => self.op1(RegClass::Pred, "and.pred", vec![ok.into(), p.into()]),
                 None => ok,
             };
-            let gaddr = self.op1(
-                RegClass::B64,
-                "add.s64",
-                vec![tile_ptr.into(), thr_off.into()],
-            );
+            let gaddr = match prev {
+                Some((a, ..)) => a,
+                None => self.op1(
+                    RegClass::B64,
+                    "add.s64",
+                    vec![tile_ptr.into(), thr_off.into()],
+                ),
+            };
+            if incremental && prev.is_none() {
+                prev = Some((gaddr, row, col, col_units, row_in_tile));
+            }
             let (saddr, simm) = match first_soff {
                 Some(base) if same_col => (base, (k * rows_per_pass * span_bytes) as i64),
                 _ => {
