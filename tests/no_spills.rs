@@ -256,6 +256,58 @@ fn per_entry(raw: &str) -> Vec<(String, common::PtxasReport)> {
     out
 }
 
+/// Assembles each distinct body once (`bodies`: one (label, PTX) per body and target), in
+/// modules of up to [`BATCH`] entries, one ptxas process per module on every core.
+/// Returns (label, registers) of the clean ones and a line for each that spilled, used a
+/// stack frame or was rejected.
+fn assemble_all(
+    ptxas: &std::path::Path,
+    bodies: impl IntoIterator<Item = (Arch, (String, String))>,
+    first_batch: usize,
+) -> (Vec<(String, u32)>, Vec<String>) {
+    let mut by_arch: BTreeMap<Arch, Vec<(String, String)>> = BTreeMap::new();
+    for (arch, job) in bodies {
+        by_arch.entry(arch).or_default().push(job);
+    }
+    let mut batches: Vec<(Arch, Vec<(String, String)>)> = Vec::new();
+    for (arch, mut jobs) in by_arch {
+        jobs.sort();
+        for chunk in jobs.chunks(BATCH) {
+            batches.push((arch, chunk.to_vec()));
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let next = AtomicUsize::new(0);
+    let reports: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
+    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((arch, jobs)) = batches.get(i) else {
+                    break;
+                };
+                match assemble_batch(ptxas, *arch, jobs, first_batch + i) {
+                    Ok(rs) => {
+                        for (label, r) in rs {
+                            if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 {
+                                bad.lock().unwrap().push(format!(
+                                    "{label}: {} registers, {} bytes stack, {} / {} bytes spilled",
+                                    r.registers, r.stack_frame_bytes, r.spill_stores, r.spill_loads
+                                ));
+                            } else {
+                                reports.lock().unwrap().push((label, r.registers));
+                            }
+                        }
+                    }
+                    Err(e) => bad.lock().unwrap().push(e),
+                }
+            });
+        }
+    });
+    (reports.into_inner().unwrap(), bad.into_inner().unwrap())
+}
+
 #[test]
 fn every_launchable_specialization_assembles_without_spills() {
     let Some(ptxas) = common::ptxas() else {
@@ -333,51 +385,14 @@ fn every_launchable_specialization_assembles_without_spills() {
     });
     failures.extend(errors.into_inner().unwrap());
     let t_compile = t0.elapsed();
-    // Assemble each distinct body once, in modules of up to BATCH entries (one ptxas
-    // process per module), every core busy.
-    let mut by_arch: BTreeMap<Arch, Vec<(String, String)>> = BTreeMap::new();
-    for ((_, arch), job) in bodies.into_inner().unwrap() {
-        by_arch.entry(arch).or_default().push(job);
-    }
-    let mut batches: Vec<(Arch, Vec<(String, String)>)> = Vec::new();
-    let mut distinct = 0;
-    for (arch, mut jobs) in by_arch {
-        jobs.sort();
-        distinct += jobs.len();
-        for chunk in jobs.chunks(BATCH) {
-            batches.push((arch, chunk.to_vec()));
-        }
-    }
-    let next = AtomicUsize::new(0);
-    let reports: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
-    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((arch, jobs)) = batches.get(i) else {
-                    break;
-                };
-                match assemble_batch(&ptxas, *arch, jobs, i) {
-                    Ok(rs) => {
-                        for (label, r) in rs {
-                            if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 {
-                                bad.lock().unwrap().push(format!(
-                                    "{label}: {} registers, {} bytes stack, {} / {} bytes spilled",
-                                    r.registers, r.stack_frame_bytes, r.spill_stores, r.spill_loads
-                                ));
-                            } else {
-                                reports.lock().unwrap().push((label, r.registers));
-                            }
-                        }
-                    }
-                    Err(e) => bad.lock().unwrap().push(e),
-                }
-            });
-        }
-    });
-    failures.extend(bad.into_inner().unwrap());
-    let mut reports = reports.into_inner().unwrap();
+    let bodies = bodies.into_inner().unwrap();
+    let distinct = bodies.len();
+    let (mut reports, bad) = assemble_all(
+        &ptxas,
+        bodies.into_iter().map(|((_, arch), job)| (arch, job)),
+        0,
+    );
+    failures.extend(bad);
     reports.sort();
     if std::env::var("KGEN_VERBOSE").is_ok() {
         for (label, regs) in &reports {
@@ -435,47 +450,16 @@ fn every_selftest_case_assembles_without_spills() {
             }
         }
     }
-    let mut batches: Vec<(Arch, Vec<(String, String)>)> = Vec::new();
-    let mut by_arch: BTreeMap<Arch, Vec<(String, String)>> = BTreeMap::new();
-    for ((_, arch), job) in &bodies {
-        by_arch.entry(*arch).or_default().push(job.clone());
-    }
-    for (arch, jobs) in by_arch {
-        for chunk in jobs.chunks(BATCH) {
-            batches.push((arch, chunk.to_vec()));
-        }
-    }
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let next = AtomicUsize::new(0);
-    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((arch, jobs)) = batches.get(i) else {
-                    break;
-                };
-                match assemble_batch(&ptxas, *arch, jobs, 100_000 + i) {
-                    Ok(rs) => {
-                        for (label, r) in rs {
-                            if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 {
-                                bad.lock().unwrap().push(format!(
-                                    "{label}: {} registers, {} bytes stack, {} / {} bytes spilled",
-                                    r.registers, r.stack_frame_bytes, r.spill_stores, r.spill_loads
-                                ));
-                            }
-                        }
-                    }
-                    Err(e) => bad.lock().unwrap().push(e),
-                }
-            });
-        }
-    });
-    failures.extend(bad.into_inner().unwrap());
+    let distinct = bodies.len();
+    let (_, bad) = assemble_all(
+        &ptxas,
+        bodies.into_iter().map(|((_, arch), job)| (arch, job)),
+        100_000,
+    );
+    failures.extend(bad);
     eprintln!(
-        "{} cases, {} distinct PTX assembled, {refused} refused by a target",
-        cases.len(),
-        bodies.len()
+        "{} cases, {distinct} distinct PTX assembled, {refused} refused by a target",
+        cases.len()
     );
     assert!(
         cases.len() > 300,
