@@ -21,9 +21,9 @@
 //!   of a row (coalesced). A thread's chunks' coordinates are loop-invariant (prologue)
 //!   up to 8 chunks a thread; beyond that (narrow copies of a large tile) only the first
 //!   chunk's are, and each later one steps a pass of rows from the one before, so the
-//!   registers held across the loop do not grow with the chunk count. Every fetch ends with one `cp.async.commit_group`, and the
-//!   groups are committed in the order of the fetches (the waits count them), deferred
-//!   or not.
+//!   registers held across the loop do not grow with the chunk count. Every fetch ends
+//!   with one `cp.async.commit_group`, and the groups are committed in the order of the
+//!   fetches (the waits count them), deferred or not.
 //! - Every cross-thread access is declared to `sync::Tracker` (a fetch as an
 //!   asynchronous write, `scratch_wait` completing them, a load as a read), which places
 //!   the block barriers.
@@ -433,17 +433,25 @@ impl Lowerer<'_> {
         let per_thread = chunks.div_ceil(threads);
         let incremental = threads.is_multiple_of(per_row.max(1)) && per_thread > 8;
         let pass_bytes = incremental.then(|| {
-            self.in_prologue(|l| {
-                let rows = l.op1(
+            self.in_prologue(|l| match &stride0 {
+                // A constant row stride (a tensor of constant extents): a constant step.
+                Operand::Imm(v) => l.op1(
                     RegClass::B64,
-                    "mul.wide.s32",
-                    vec![stride0.clone(), Operand::Imm(rows_per_pass as i64)],
-                );
-                l.op1(
-                    RegClass::B64,
-                    "shl.b64",
-                    vec![rows.into(), Operand::Imm(es.trailing_zeros() as i64)],
-                )
+                    "mov.b64",
+                    vec![Operand::Imm(v * rows_per_pass as i64 * es as i64)],
+                ),
+                _ => {
+                    let rows = l.op1(
+                        RegClass::B64,
+                        "mul.wide.s32",
+                        vec![stride0.clone(), Operand::Imm(rows_per_pass as i64)],
+                    );
+                    l.op1(
+                        RegClass::B64,
+                        "shl.b64",
+                        vec![rows.into(), Operand::Imm(es.trailing_zeros() as i64)],
+                    )
+                }
             })
         });
         // The previous chunk's address, row, column, column in copy units and in-tile
