@@ -160,7 +160,9 @@ fn language_case_kernels_assemble() {
 /// (BM = 128, BN = 64), each on two consumer warpgroups and a TMA producer warpgroup.
 /// The snapshots pin where each slot's release (`mbarrier.arrive`) and each product's
 /// wait land (`back/ptx/wgmma_waits.rs`): in dQ, `dP = dO·Vᵀ` stays in flight through
-/// the exponentials, and V's release waits for it. Assembled by ptxas without spills.
+/// the exponentials, and V's release waits for it; in the lagged forward (`LAG`), P·V
+/// runs beside the softmax, its wait pinned after it by a `pmevent`, and P crosses the
+/// back edge packed (`back/ptx/lower/control.rs`). Assembled by ptxas without spills.
 #[test]
 fn warp_specialized_attention_ptx_snapshots() {
     let ptxas = common::ptxas();
@@ -170,7 +172,11 @@ fn warp_specialized_attention_ptx_snapshots() {
         std::fs::read_to_string(path).unwrap(),
     );
     let mut failures = Vec::new();
-    for (kernel, bn) in [("attention_fwd", 128), ("attention_bwd_dq", 64)] {
+    for (kernel, bn, lag) in [
+        ("attention_fwd", 128, false),
+        ("attention_fwd", 128, true),
+        ("attention_bwd_dq", 64, false),
+    ] {
         let mut opts = CompileOptions::new(Arch::Sm90a);
         opts.kernel = Some(kernel.into());
         opts.num_warps = Some(8);
@@ -180,12 +186,20 @@ fn warp_specialized_attention_ptx_snapshots() {
             ("BM".into(), "128".into()),
             ("BN".into(), bn.to_string()),
         ];
+        if lag {
+            opts.defines.push(("LAG".into(), "true".into()));
+        }
         let k = compile(&file, &opts).unwrap_or_else(|d| panic!("{}", d.render(&file)));
         assert!(
             k.ptx.contains("setmaxnreg.inc") && k.ptx.contains("mbarrier.arrive.shared"),
             "{kernel}: not warp-specialized"
         );
-        insta::assert_snapshot!(format!("ptx_ws_{kernel}_sm_90a"), k.ptx);
+        let name = if lag {
+            format!("ptx_ws_{kernel}_lag_sm_90a")
+        } else {
+            format!("ptx_ws_{kernel}_sm_90a")
+        };
+        insta::assert_snapshot!(name, k.ptx);
         if let Some(ptxas) = &ptxas {
             match common::assemble(ptxas, &k.ptx, "sm_90a", kernel) {
                 Ok(r) if r.spill_stores + r.spill_loads + r.stack_frame_bytes > 0 => {

@@ -39,10 +39,11 @@
 //!   see it) and `attention_bwd_dq` (one block per query block): no atomics, so results
 //!   are deterministic bit for bit. `delta` lives in the handle's f32 workspace.
 //! - Configurations ([`fwd_candidates`], [`dq_candidates`], [`dkdv_candidates`], measured
-//!   there): forward and dq BM = BN = 64 with 4 warps; dkdv BN = 64 with 4 warps, BM = 32
-//!   ([`dkdv_candidates`]); delta BM = 64. The candidate lists go
-//!   through the plan and the tuner as the other ops' do (with one candidate each today,
-//!   nothing is timed). No host synchronization.
+//!   there): forward and dq default to BM = BN = 64 with 4 warps, with more candidates
+//!   per head dimension and target (at D = 128 on sm_90a, warp-specialized tiles of
+//!   BM = 128; the forward's both plain and lagged); dkdv BN = 64 with 4 warps, BM = 32;
+//!   delta BM = 64. The candidate lists go through the plan and the tuner as the other
+//!   ops' do (a list of one is not timed). No host synchronization.
 
 use super::plan::{launches_of, Launch, Pass, PlanKey};
 use super::{dtype_err, shape_err, KernelArgs, OpError, Ops};
@@ -121,6 +122,9 @@ pub struct AttentionConfig {
     /// the registers. Otherwise the tiles are copied with `cp.async` by every thread:
     /// TMA without a producer measured slower for these kernels (docs/PERFORMANCE.md).
     pub ws: bool,
+    /// The forward with P·V one block behind (`attention_fwd`'s `LAG`: the products run
+    /// beside the softmax); the other kernels ignore it.
+    pub lag: bool,
 }
 
 impl AttentionConfig {
@@ -131,6 +135,9 @@ impl AttentionConfig {
         }
         if self.ws {
             l += ",ws";
+        }
+        if self.lag {
+            l += ",lag";
         }
         l
     }
@@ -153,7 +160,13 @@ const fn cfg(bm: usize, bn: usize, warps: u32) -> AttentionConfig {
         warps,
         min_blocks: None,
         ws: false,
+        lag: false,
     }
+}
+
+/// `c` with P·V one block behind (the forward's `LAG`).
+const fn lagged(c: AttentionConfig) -> AttentionConfig {
+    AttentionConfig { lag: true, ..c }
 }
 
 /// `c` warp-specialized (sm_90a; the same `cp.async` kernel elsewhere).
@@ -179,12 +192,21 @@ const fn per_sm(c: AttentionConfig, m: u32) -> AttentionConfig {
 /// 10.7 against 15.0 µs at 8 x 512. At D = 128, FlashAttention-3's shape: BM = BN = 128
 /// on two consumer warpgroups fed by a TMA producer warpgroup (H100, B·H = 128,
 /// S = 4096, causal: 1025 against 1238 µs for BM = BN = 64; at D = 64, 122 against 102
-/// µs, so not offered there).
+/// µs, so not offered there), plain and lagged (`LAG`: P·V one block behind, beside the
+/// softmax; same card and shape, causal 987 against 1025 µs, not causal 1706–1712
+/// against 1838; it does one more product pair per row block, so the tuner times both:
+/// at B·H = 128, S = 2048 the plain loop stays ahead). At D = 64 (BM = BN = 64, 4 warps)
+/// the lagged loop lost (106 against 100 µs causal, B·H = 192, S = 1024), so it is not
+/// offered there.
 pub fn fwd_candidates(d: usize, arch: kgen_core::Arch) -> Vec<AttentionConfig> {
     if d == 64 {
         vec![cfg(64, 64, 4), per_sm(cfg(64, 64, 4), 3)]
     } else if arch == kgen_core::Arch::Sm90a {
-        vec![cfg(64, 64, 4), specialized(cfg(128, 128, 8))]
+        vec![
+            cfg(64, 64, 4),
+            specialized(cfg(128, 128, 8)),
+            lagged(specialized(cfg(128, 128, 8))),
+        ]
     } else {
         // Without a producer (sm_80: `mma.sync`, 255 registers) it spills.
         vec![cfg(64, 64, 4)]
@@ -591,10 +613,12 @@ impl Ops {
             || cands.iter().map(AttentionConfig::label).collect(),
             |i| {
                 let c = cands[i];
+                let mut defines = g.defines(c, causal, layout);
+                defines.push(("LAG", c.lag.to_string()));
                 let kern = self.kernel_variant(
                     "attention",
                     "attention_fwd",
-                    &g.defines(c, causal, layout),
+                    &defines,
                     Some(c.warps),
                     c.variant(),
                     &args,

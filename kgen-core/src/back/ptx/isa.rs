@@ -236,6 +236,10 @@ pub enum Family {
     Griddepcontrol,
     /// `setmaxnreg.{inc,dec}`: a warpgroup's register budget changes.
     Setmaxnreg,
+    /// `pmevent`: a performance-monitor trigger, used as a *scheduling fence*: ptxas
+    /// moves no instruction across it (`wgmma_waits.rs` pins a deferred
+    /// `wgmma.wait_group` with one). No effect on memory or registers.
+    Pmevent,
     // Control.
     Bra,
     Ret,
@@ -369,6 +373,7 @@ impl Family {
             "fence" | "membar" => Family::Fence,
             "griddepcontrol" => Family::Griddepcontrol,
             "setmaxnreg" => Family::Setmaxnreg,
+            "pmevent" => Family::Pmevent,
             "bra" => Family::Bra,
             "ret" | "exit" => Family::Ret,
             "trap" => Family::Trap,
@@ -398,7 +403,8 @@ impl Family {
                 writes_memory: true,
                 ..e
             },
-            Shfl => Effects { syncs: true, ..e },
+            // Kept (never dead): what it orders is ptxas's schedule.
+            Shfl | Pmevent => Effects { syncs: true, ..e },
             Wgmma => Effects {
                 reads_memory: true,
                 syncs: true,
@@ -421,8 +427,8 @@ impl Family {
         use Family::*;
         match self {
             St(_) | Red(_) | CpAsync | CpAsyncBulk | CpAsyncCommit | CpAsyncWait | Stmatrix
-            | Bar | BarrierCluster | Fence | Griddepcontrol | Setmaxnreg | Bra | Ret | Trap
-            | WgmmaFence | WgmmaCommit | WgmmaWait => Roles::AllUses,
+            | Bar | BarrierCluster | Fence | Griddepcontrol | Setmaxnreg | Pmevent | Bra | Ret
+            | Trap | WgmmaFence | WgmmaCommit | WgmmaWait => Roles::AllUses,
             Wgmma => Roles::DefUseFirst,
             // An unknown instruction is assumed to read everything it names; what it
             // defines is unknown, so it defines nothing a pass could miss (it is never

@@ -41,6 +41,8 @@ mod tests_grid_sync;
 #[cfg(test)]
 mod tests_limits;
 #[cfg(test)]
+mod tests_packed;
+#[cfg(test)]
 mod tests_rotate;
 #[cfg(test)]
 mod tests_rounding;

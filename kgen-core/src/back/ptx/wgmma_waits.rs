@@ -57,6 +57,12 @@ struct Group {
     acc: HashSet<Reg>,
     /// Registers it reads (fragments, descriptors, the scale predicate): not written.
     reads: HashSet<Reg>,
+    /// Instructions since its commit on every path here (the fewest).
+    since: usize,
+    /// Whether, on every path here, it has run beside work on an earlier product's
+    /// result (an instruction reading a completed group's accumulator): its wait is then
+    /// *deferred* on purpose (module docs).
+    overlapped: bool,
 }
 
 /// Groups in flight at a point; `None` where no path reaches.
@@ -68,7 +74,11 @@ fn merge(a: State, b: State) -> State {
         (Some(mut a), Some(b)) => {
             for g in b {
                 match a.iter_mut().find(|x| x.id == g.id) {
-                    Some(x) => x.after = x.after.min(g.after),
+                    Some(x) => {
+                        x.after = x.after.min(g.after);
+                        x.since = x.since.min(g.since);
+                        x.overlapped &= g.overlapped;
+                    }
                     None => a.push(g),
                 }
             }
@@ -105,15 +115,37 @@ fn wait(n: u32) -> Stmt {
     ))
 }
 
+/// How many instructions after a group's commit its wait must stand, the group having
+/// run beside work on another product's result, to be *deferred*: pinned there with a
+/// scheduling fence (module docs).
+const DEFERRED: usize = 64;
+
 /// Emits the wait that completes every group of `groups` for which `pick` holds, and
-/// drops the groups it completes. No-op when none is picked.
+/// drops the groups it completes. No-op when none is picked. The wait of a deferred
+/// group ([`DEFERRED`], [`Group::overlapped`]: the youngest it completes) comes after a
+/// `pmevent`, which ptxas schedules nothing across.
 fn complete(out: &mut Vec<Stmt>, groups: &mut Vec<Group>, pick: impl Fn(&Group) -> bool) {
     let Some(n) = groups.iter().filter(|g| pick(g)).map(|g| g.after).min() else {
         return;
     };
+    let youngest = groups
+        .iter()
+        .filter(|g| g.after >= n)
+        .min_by_key(|g| g.since);
+    if youngest.is_some_and(|g| g.overlapped && g.since >= DEFERRED) {
+        out.push(Stmt::Inst(Inst::new(
+            None,
+            "pmevent",
+            vec![Operand::Imm(PMEVENT)],
+        )));
+    }
     out.push(wait(n));
     groups.retain(|g| g.after < n);
 }
+
+/// The `pmevent` index of the fence (0-15; events 0-7 are counted by profilers as
+/// `prof_trigger_0x`, nothing else reads them).
+const PMEVENT: i64 = 7;
 
 fn label_target(i: &Inst) -> Option<u32> {
     i.operands.iter().find_map(|o| match o {
@@ -308,6 +340,8 @@ fn place(old: &[Stmt], shape: &Shape, in_place: &HashSet<usize>) -> Result<Vec<S
     let mut held: Vec<Held> = Vec::new();
     let mut regions: Vec<u32> = Vec::new();
     let mut in_spin = false;
+    // The accumulators of the groups committed since the last loop head.
+    let mut acc_of: HashMap<usize, HashSet<Reg>> = HashMap::new();
     for (k, s) in old.iter().enumerate() {
         match s {
             Stmt::Label(l) => {
@@ -320,6 +354,7 @@ fn place(old: &[Stmt], shape: &Shape, in_place: &HashSet<usize>) -> Result<Vec<S
                 regions.retain(|r| r != l);
                 let incoming = saved.remove(l).unwrap_or(None);
                 if shape.loop_heads.contains(l) {
+                    acc_of.clear();
                     if let Some(g) = cur.as_mut() {
                         flush_held(&mut out, &mut held, g, !regions.is_empty())?;
                         complete(&mut out, g, |_| true);
@@ -346,6 +381,16 @@ fn place(old: &[Stmt], shape: &Shape, in_place: &HashSet<usize>) -> Result<Vec<S
             out.push(s.clone());
             continue;
         };
+        // Reading a completed group's accumulator: work on an earlier product's result.
+        let on_result = i.uses.iter().any(|r| {
+            acc_of
+                .iter()
+                .any(|(id, acc)| acc.contains(r) && !groups.iter().any(|g| g.id == *id))
+        });
+        for g in groups.iter_mut() {
+            g.since += 1;
+            g.overlapped |= on_result;
+        }
         let free = regions.is_empty() && !in_spin;
         let family = i.opcode.family;
         match family {
@@ -378,11 +423,14 @@ fn place(old: &[Stmt], shape: &Shape, in_place: &HashSet<usize>) -> Result<Vec<S
                     g.after += 1;
                 }
                 if let Some((acc, reads)) = building.take() {
+                    acc_of.insert(k, acc.clone());
                     groups.push(Group {
                         id: k,
                         after: 0,
                         acc,
                         reads,
+                        since: 0,
+                        overlapped: false,
                     });
                 }
                 out.push(s.clone());
@@ -581,6 +629,49 @@ mod tests {
                 "ret"
             ]
         );
+    }
+
+    /// A group that runs beside work on an earlier product's result (attention's
+    /// softmax beside P·V) and is first needed [`DEFERRED`] instructions later is pinned
+    /// there: `pmevent` before its wait. As much work that reads no product's result
+    /// (index arithmetic before a masked read) leaves the wait unpinned.
+    #[test]
+    fn a_deferred_wait_is_pinned_with_a_fence() {
+        let n = DEFERRED as u32;
+        let mut body = product([1, 2, 3, 4], [10, 11, 12, 13]);
+        body.extend(product([5, 6, 7, 8], [14, 15, 16, 17]));
+        for k in 0..n {
+            body.push(inst(
+                "ex2.approx.f32",
+                vec![r(100 + k).into(), r(1 + k % 4).into()],
+            ));
+        }
+        body.push(inst(
+            "mul.rn.f32",
+            vec![r(90).into(), r(5).into(), r(100).into()],
+        ));
+        body.push(inst("ret", vec![]));
+        place_waits(&mut body);
+        let t = text(&body);
+        let at = |s: &str| t.iter().position(|x| x == s).unwrap();
+        assert_eq!(t.iter().filter(|x| *x == "pmevent").count(), 1, "{t:?}");
+        assert_eq!(at("wait 1"), 6, "{t:?}");
+        assert_eq!(at("pmevent") + 1, at("wait 0"), "{t:?}");
+        assert_eq!(at("wait 0") + 1, at("mul.rn"), "{t:?}");
+
+        let mut body = product([1, 2, 3, 4], [10, 11, 12, 13]);
+        for k in 0..2 * n {
+            body.push(inst(
+                "add.s32",
+                vec![b(100 + k).into(), b(99 + k).into(), b(20).into()],
+            ));
+        }
+        body.push(inst("ex2.approx.f32", vec![r(30).into(), r(2).into()]));
+        body.push(inst("ret", vec![]));
+        place_waits(&mut body);
+        let t = text(&body);
+        assert!(!t.iter().any(|x| x == "pmevent"), "{t:?}");
+        assert_eq!(t[t.len() - 3], "wait 0", "{t:?}");
     }
 
     /// Writing a register a running group reads (its A fragments) waits first; so does a

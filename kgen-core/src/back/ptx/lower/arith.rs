@@ -186,6 +186,7 @@ impl Lowerer<'_> {
             _ => x,
         };
         self.rounded_from.insert(widened, (source, dt));
+        self.halves.insert(widened, h);
         widened
     }
 

@@ -4,6 +4,14 @@
 //! values in fresh registers, moved at the back edge) and `if`s (both arms' yields moved
 //! into the results' registers).
 //!
+//! A carried 16-bit tile read in the loop only as a product's left operand (attention's
+//! `P`, carried to the next iteration's `P·V`) is carried *packed*: one `.b32` per two
+//! elements (a column pair of one thread), packed at the back edge from the yielded
+//! value's f32 source (`cvt.rn.bf16x2.f32`, rounding once as the cast does) and unpacked
+//! at the loop's head with `packed_from` recorded, so the product's fragments are the
+//! carried words themselves (`mma.rs`'s `pack_pair`); the unpacked registers are dead.
+//! Half the registers across the back edge.
+//!
 //! Assumes: the values a block reads are bound (lowered earlier or arguments of the
 //! block); every region ends with its `Yield`.
 //! Guarantees: a loop's carried registers hold the yielded values at the back edge (a
@@ -247,10 +255,13 @@ impl Lowerer<'_> {
 
     /// Moves `values` (converted to the layouts of `targets`) into `dst` registers, as a
     /// parallel copy.
+    /// Moves the yielded `values` (in layouts `lins`) into `dst`; a slot with register
+    /// pairs in `packs` is packed first (one word per pair, `dst` holding the words).
     pub(super) fn move_into(
         &mut self,
         values: &[ValueId],
         lins: &[Linear],
+        packs: &[Option<Vec<(usize, usize)>>],
         dst: &[Vec<Reg>],
         span: Span,
     ) -> R<()> {
@@ -259,7 +270,11 @@ impl Lowerer<'_> {
             let lin = lins
                 .get(k)
                 .ok_or_else(|| unsupported(span, "yield arity"))?;
-            srcs.push(self.operand_in(v, lin, span)?);
+            let regs = self.operand_in(v, lin, span)?;
+            srcs.push(match packs.get(k) {
+                Some(Some(pairs)) => self.pack_pairs(self.dtype(v), &regs, pairs),
+                _ => regs,
+            });
         }
         // A source that is some other destination must be read before that one is
         // written (a permutation): copy every source first. A source that is its own
@@ -311,8 +326,10 @@ impl Lowerer<'_> {
             return Err(unsupported(span, "for loop without an induction variable"));
         };
         self.bind(iv_arg, vec![iv]);
+        let rotation_plan = self.rotation_plan(id);
         let mut lins = Vec::new();
         let mut carried = Vec::new();
+        let mut packs = Vec::new();
         for (k, &init) in inits.iter().enumerate() {
             let arg = *body
                 .args
@@ -320,13 +337,27 @@ impl Lowerer<'_> {
                 .ok_or_else(|| unsupported(span, "loop arity"))?;
             let lin = self.lin(arg);
             let regs = self.operand_in(init, &lin, span)?;
-            let fresh: Vec<Reg> = regs.iter().map(|&r| self.copy(r)).collect();
-            self.bind(arg, fresh.clone());
+            let pairs = match rotation_plan {
+                None => self.packed_pairs(body, arg, &lin),
+                Some(_) => None,
+            };
+            let fresh: Vec<Reg> = match &pairs {
+                Some(pairs) => {
+                    let words = self.pack_pairs(self.dtype(arg), &regs, pairs);
+                    words.iter().map(|&r| self.copy(r)).collect()
+                }
+                None => {
+                    let fresh: Vec<Reg> = regs.iter().map(|&r| self.copy(r)).collect();
+                    self.bind(arg, fresh.clone());
+                    fresh
+                }
+            };
             lins.push(lin);
             carried.push(fresh);
+            packs.push(pairs);
         }
         // A pipelined mma.sync loop carries its first fragments (`mma_rotate.rs`).
-        let rotation = match self.rotation_plan(id) {
+        let rotation = match rotation_plan {
             Some(plan) => {
                 let init = *inits
                     .get(plan.slot_arg - 1)
@@ -352,9 +383,19 @@ impl Lowerer<'_> {
         }
         let p = self.op1(RegClass::Pred, "setp.ge.s32", vec![iv.into(), up.into()]);
         self.emit_if(Some((p, false)), "bra.uni", vec![Operand::Label(end)]);
+        // Packed arguments: unpacked here, each iteration (dead where only products
+        // read them: the fragments are the words).
+        for (k, pairs) in packs.iter().enumerate() {
+            if let Some(pairs) = pairs {
+                let arg = body.args[k + 1];
+                let regs =
+                    self.unpack_pairs(self.dtype(arg), &carried[k], pairs, lins[k].num_regs());
+                self.bind(arg, regs);
+            }
+        }
         self.rotation = rotation;
         let yields = self.region(body)?;
-        self.move_into(&yields, &lins, &carried, span)?;
+        self.move_into(&yields, &lins, &packs, &carried, span)?;
         self.rotation_back_edge(span)?;
         self.emit("add.s32", vec![iv.into(), iv.into(), st.into()]);
         self.emit("bra.uni", vec![Operand::Label(head)]);
@@ -364,11 +405,89 @@ impl Lowerer<'_> {
             self.emit("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
         }
         for (k, &r) in inst.results.iter().enumerate() {
-            if let Some(c) = carried.get(k) {
-                self.bind(r, c.clone());
+            match (carried.get(k), packs.get(k)) {
+                (Some(c), Some(Some(pairs))) => {
+                    let regs = self.unpack_pairs(self.dtype(r), c, pairs, lins[k].num_regs());
+                    self.bind(r, regs);
+                }
+                (Some(c), _) => self.bind(r, c.clone()),
+                _ => {}
             }
         }
         Ok(())
+    }
+
+    /// The register pairs `(low, high)` of loop argument `arg` (layout `lin`) when it is
+    /// carried packed (module docs): a 16-bit tile whose every use in `body` is a
+    /// product's left operand or a yield, and whose layout holds each even column's right
+    /// neighbour in the same thread's registers.
+    fn packed_pairs(
+        &self,
+        body: &Block,
+        arg: ValueId,
+        lin: &Linear,
+    ) -> Option<Vec<(usize, usize)>> {
+        if !matches!(self.dtype(arg), DType::F16 | DType::BF16)
+            || !matches!(self.func.value_type(arg), crate::types::ValueType::Tile(..))
+            || !only_left_operand(self.func, body, arg)
+        {
+            return None;
+        }
+        let n = lin.num_regs();
+        let mut pairs = Vec::with_capacity(n / 2);
+        for r in 0..n {
+            let mut c = lin.reg_coord(r);
+            let last = c.last_mut()?;
+            if *last % 2 == 0 {
+                *last += 1;
+                pairs.push((r, lin.reg_index(&c)?));
+            }
+        }
+        let mut seen = vec![false; n];
+        for &(lo, hi) in &pairs {
+            for x in [lo, hi] {
+                if std::mem::replace(seen.get_mut(x)?, true) {
+                    return None;
+                }
+            }
+        }
+        (pairs.len() * 2 == n && n > 0).then_some(pairs)
+    }
+
+    /// One `.b32` word per register pair of `regs` (16-bit values of format `dt`): the
+    /// pair's 16-bit halves moved together where the cast that rounded them kept them
+    /// (rounded where the cast stands, before any wait the back edge needs, and held in
+    /// half registers until then), else packed from their f32 source.
+    fn pack_pairs(&mut self, dt: DType, regs: &[Reg], pairs: &[(usize, usize)]) -> Vec<Reg> {
+        pairs
+            .iter()
+            .map(|&(lo, hi)| {
+                let (l, h) = (regs[lo], regs[hi]);
+                match (self.halves.get(&l), self.halves.get(&h)) {
+                    (Some(&hl), Some(&hh)) => {
+                        self.op1(RegClass::B32, "mov.b32", vec![Operand::Vec(vec![hl, hh])])
+                    }
+                    _ => self.pack(dt, &[l, h]).0[0],
+                }
+            })
+            .collect()
+    }
+
+    /// The `n` widened registers of packed `words` (`packed_from` recorded).
+    fn unpack_pairs(
+        &mut self,
+        dt: DType,
+        words: &[Reg],
+        pairs: &[(usize, usize)],
+        n: usize,
+    ) -> Vec<Reg> {
+        let mut regs = vec![self.zero16(); n];
+        for (&w, &(lo, hi)) in words.iter().zip(pairs) {
+            let two = self.unpack(dt, 2, &[w]);
+            regs[lo] = two[0];
+            regs[hi] = two[1];
+        }
+        regs
     }
 
     pub(super) fn lower_if(&mut self, id: InstId) -> R<()> {
@@ -398,12 +517,12 @@ impl Lowerer<'_> {
         let end = self.new_label();
         self.emit_if(Some((c, true)), "bra.uni", vec![Operand::Label(else_l)]);
         let y = self.region(then_body)?;
-        self.move_into(&y, &lins, &outs, span)?;
+        self.move_into(&y, &lins, &[], &outs, span)?;
         self.emit("bra.uni", vec![Operand::Label(end)]);
         self.place_label(else_l);
         self.sync.join();
         let y = self.region(else_body)?;
-        self.move_into(&y, &lins, &outs, span)?;
+        self.move_into(&y, &lins, &[], &outs, span)?;
         self.place_label(end);
         self.sync.join();
         for (&r, o) in inst.results.iter().zip(outs) {
@@ -411,4 +530,22 @@ impl Lowerer<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether every use of `v` in `b` (nested blocks included) is a product's left operand
+/// or a yield.
+fn only_left_operand(func: &Function, b: &Block, v: ValueId) -> bool {
+    b.insts.iter().all(|&i| {
+        let inst = &func.insts[i];
+        let used = crate::ir::operands(&inst.op).contains(&v);
+        let ok = !used
+            || match &inst.op {
+                Op::Dot { a, b, acc, .. } => *a == v && *b != v && *acc != v,
+                Op::Yield(_) => true,
+                _ => false,
+            };
+        ok && crate::ir::regions(&inst.op)
+            .into_iter()
+            .all(|r| only_left_operand(func, r, v))
+    })
 }

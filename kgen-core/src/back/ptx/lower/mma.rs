@@ -528,6 +528,18 @@ impl Lowerer<'_> {
                 .ok_or_else(|| unsupported(span, "mma operand layout"))
         };
         let (l, h) = (get(lo)?, get(hi)?);
+        // A pair unpacked from one word of this format (a loop-carried packed tile,
+        // `control.rs`) is that word.
+        let dt = if ty == "bf16" {
+            DType::BF16
+        } else {
+            DType::F16
+        };
+        if let Some(&(w, d)) = self.packed_from.get(&(l, h)) {
+            if d == dt {
+                return Ok(w);
+            }
+        }
         Ok(self.op1(
             RegClass::B32,
             &format!("cvt.rn.{ty}x2.f32"),

@@ -158,6 +158,10 @@ pub struct Lowerer<'a> {
     /// For two f16/bf16 elements unpacked from one 32-bit word (`unpack`): that word and
     /// the format. A store packs such a pair as the word itself (sound as `rounded_from`).
     packed_from: HashMap<(Reg, Reg), (Reg, DType)>,
+    /// For an f16/bf16 value held widened after rounding (`round_to`): its 16-bit bits.
+    /// A loop-carried packed tile packs two such halves with one `mov.b32` at the back
+    /// edge (`control.rs`; sound as `rounded_from`).
+    halves: HashMap<Reg, Reg>,
     tid: Option<Reg>,
     bits_cache: HashMap<Vec<(u32, u32)>, Reg>,
     replica_cache: HashMap<u32, Reg>,
@@ -285,6 +289,7 @@ impl<'a> Lowerer<'a> {
             conv_cache: vec![HashMap::new()],
             rounded_from: HashMap::new(),
             packed_from: HashMap::new(),
+            halves: HashMap::new(),
             tid: None,
             bits_cache: HashMap::new(),
             replica_cache: HashMap::new(),
