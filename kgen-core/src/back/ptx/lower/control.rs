@@ -6,11 +6,12 @@
 //!
 //! A carried 16-bit tile read in the loop only as a product's left operand (attention's
 //! `P`, carried to the next iteration's `P·V`) is carried *packed*: one `.b32` per two
-//! elements (a column pair of one thread), packed at the back edge from the yielded
-//! value's f32 source (`cvt.rn.bf16x2.f32`, rounding once as the cast does) and unpacked
-//! at the loop's head with `packed_from` recorded, so the product's fragments are the
-//! carried words themselves (`mma.rs`'s `pack_pair`); the unpacked registers are dead.
-//! Half the registers across the back edge.
+//! elements (a column pair of one thread), packed at the back edge from the 16-bit halves
+//! the cast kept (`Lowerer::halves`: one `mov.b32 %r, {lo, hi}` per pair; otherwise
+//! `cvt.rn.bf16x2.f32` of the f32 source, rounding once as the cast does) and unpacked at
+//! the loop's head with `packed_from` recorded, so the product's fragments are the carried
+//! words themselves (`mma.rs`'s `pack_pair`); the unpacked registers are dead. Half the
+//! registers across the back edge.
 //!
 //! Assumes: the values a block reads are bound (lowered earlier or arguments of the
 //! block); every region ends with its `Yield`.
@@ -253,10 +254,9 @@ impl Lowerer<'_> {
         r
     }
 
-    /// Moves `values` (converted to the layouts of `targets`) into `dst` registers, as a
-    /// parallel copy.
-    /// Moves the yielded `values` (in layouts `lins`) into `dst`; a slot with register
-    /// pairs in `packs` is packed first (one word per pair, `dst` holding the words).
+    /// Moves the yielded `values` (converted to the layouts `lins`) into `dst`, as a
+    /// parallel copy; a slot with register pairs in `packs` is packed first (one word
+    /// per pair, `dst` holding the words).
     pub(super) fn move_into(
         &mut self,
         values: &[ValueId],
@@ -473,7 +473,8 @@ impl Lowerer<'_> {
             .collect()
     }
 
-    /// The `n` widened registers of packed `words` (`packed_from` recorded).
+    /// The `n` widened registers of packed `words` (`packed_from` recorded); `pairs`
+    /// covers every register (`packed_pairs`), so no placeholder survives.
     fn unpack_pairs(
         &mut self,
         dt: DType,
