@@ -32,6 +32,15 @@
 //! groups in flight to their targets, where the paths merge (an `if` around a masked
 //! block leaves a product running through it).
 //!
+//! A *deferred* wait is pinned: ptxas schedules `wgmma.wait_group` by its own latency
+//! model and hoists it to a few dozen instructions after the commit, which would put
+//! attention's P·V wait in front of the softmax it is meant to run beside. A group that
+//! ran beside work on an earlier group's result (an instruction reading the accumulator
+//! of a group completed since the last loop head), on every path, and whose wait stands
+//! [`DEFERRED`] or more instructions after its commit gets a `pmevent` right before the
+//! wait: ptxas moves no instruction across one (measured in SASS), and it does nothing
+//! else. Work that reads no product's result (index arithmetic) leaves a wait unpinned.
+//!
 //! A plain `mbarrier.arrive` (a warp-specialized consumer's release of a slot,
 //! `lower/ws.rs`) is the one instruction that moves: it is *held* until every group in
 //! flight where it stood has completed, then emitted right after the wait that
