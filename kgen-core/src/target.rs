@@ -91,6 +91,9 @@ pub struct Capabilities {
     pub clusters: bool,
     /// `red`/`atom` `.v2.f16x2`/`.bf16x2` and `atom.add.noftz.bf16`.
     pub atomic_bf16: bool,
+    /// `red.global.add.v2.f32` / `.v4.f32`: one reduction of 2 or 4 consecutive f32
+    /// words (sm_90, PTX ISA 8.1).
+    pub vector_red: bool,
     /// `griddepcontrol` (programmatic dependent launch, sm_90).
     pub grid_dependency: bool,
 }
@@ -130,6 +133,7 @@ impl Target {
                     mbarrier_tx: false,
                     clusters: false,
                     atomic_bf16: false,
+                    vector_red: false,
                     grid_dependency: false,
                 },
                 max_threads_per_block: 1024,
@@ -152,6 +156,7 @@ impl Target {
                     mbarrier_tx: true,
                     clusters: true,
                     atomic_bf16: true,
+                    vector_red: true,
                     grid_dependency: true,
                 },
                 max_threads_per_block: 1024,

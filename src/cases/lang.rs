@@ -35,7 +35,16 @@ pub(crate) fn cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     ] {
         v.push(rows_case(seed, dt, rows, cols, b));
     }
+    for (rows, cols, splits, bm, bn) in [
+        (1usize, 1usize, 1usize, 16usize, 64usize),
+        (7, 127, 3, 16, 64),
+        (127, 1000, 4, 32, 64),
+        (300, 4096, 2, 16, 128),
+    ] {
+        v.push(accumulate_case(seed, rows, cols, splits, bm, bn));
+    }
     if sizes == SizeSet::Full {
+        v.push(accumulate_case(seed, 1000, 4097, 5, 64, 64));
         v.push(math_case(seed, DType::F32, 1_000_003, 1024, None));
         v.push(math_case(seed, DType::BF16, 65_537, 256, Some("1e-4")));
         v.push(int_case(seed, 1_000_003, 1024));
@@ -137,6 +146,57 @@ pub fn int_case(seed: u64, n: usize, block: usize) -> Case {
             vec![y, z]
         }),
         tolerance: Tolerance { rel: 0.0, abs: 0.0 },
+    }
+}
+
+/// `lang_accumulate`: `splits` partial tiles of a `rows x cols` f32 output added into
+/// it (random values there first, not zeros) by `atomic_add`.
+pub fn accumulate_case(
+    seed: u64,
+    rows: usize,
+    cols: usize,
+    splits: usize,
+    bm: usize,
+    bn: usize,
+) -> Case {
+    let label = format!("lang_accumulate BM={bm} BN={bn} rows={rows} cols={cols} splits={splits}");
+    let mut rng = Rng::for_case(seed, &label);
+    let args = vec![
+        ArgValue::Tensor(random_tensor(
+            &mut rng,
+            DType::F32,
+            &[splits, rows, cols],
+            |r| r.normalish(),
+        )),
+        ArgValue::Tensor(random_tensor(&mut rng, DType::F32, &[rows, cols], |r| {
+            r.normalish()
+        })),
+    ];
+    Case {
+        options: Default::default(),
+        kernel: "lang",
+        kernel_name: Some("lang_accumulate"),
+        label,
+        defines: defines(&[("BM", bm.to_string()), ("BN", bn.to_string())]),
+        tensor_align: aligns(&["x", "out"], &args),
+        grid: [cdiv(rows, bm) as u32, cdiv(cols, bn) as u32, splits as u32],
+        args,
+        outputs: vec![1],
+        reference: Box::new(move |args| {
+            let x = tensor_at(args, 0).to_f64_vec();
+            let mut out = tensor_at(args, 1).to_f64_vec();
+            for part in x.chunks(rows * cols) {
+                for (o, &v) in out.iter_mut().zip(part) {
+                    *o += 2.0 * v;
+                }
+            }
+            vec![out]
+        }),
+        // Up to 6 f32 additions of magnitude < 8 each, in any order.
+        tolerance: Tolerance {
+            rel: 1e-5,
+            abs: 1e-5,
+        },
     }
 }
 

@@ -448,6 +448,18 @@ pub struct Opcode {
 }
 
 impl Opcode {
+    /// The PTX ISA version the instruction needs at least (the module's `.version` is
+    /// the largest of its instructions' and the target's): a vector `red` needs 8.1;
+    /// everything else kgen emits assembles at 8.0.
+    pub fn min_version(&self) -> (u32, u32) {
+        let vector = self.text.split('.').any(|p| p == "v2" || p == "v4");
+        if matches!(self.family, Family::Red(_)) && vector {
+            (8, 1)
+        } else {
+            (8, 0)
+        }
+    }
+
     pub fn new(text: impl Into<String>) -> Opcode {
         let text = text.into();
         Opcode {

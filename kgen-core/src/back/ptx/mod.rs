@@ -43,6 +43,8 @@ mod tests_limits;
 #[cfg(test)]
 mod tests_packed;
 #[cfg(test)]
+mod tests_red;
+#[cfg(test)]
 mod tests_rotate;
 #[cfg(test)]
 mod tests_rounding;
@@ -318,8 +320,16 @@ pub fn write(
             format!("internal compiler error: opcode `{text}` has no entry in the ISA table"),
         )));
     }
+    // The target's PTX version, raised where an instruction needs a later one.
+    let version = body
+        .iter()
+        .filter_map(|s| match s {
+            isa::Stmt::Inst(i) => Some(i.opcode.min_version()),
+            _ => None,
+        })
+        .fold(target.ptx_version, std::cmp::max);
     let module = isa::Module {
-        version: target.ptx_version,
+        version,
         target: target.ptx_target(),
         entry: entry.clone(),
         params: abi

@@ -852,10 +852,17 @@ impl Lowerer<'_> {
         let ths: Vec<Option<Reg>> = (0..shape.len())
             .map(|d| self.thread_coord(&lin, d))
             .collect();
-        if !atomic {
+        // An f32 `atomic_add` whose old values nobody reads is a reduction, which sm_90
+        // does on 2 or 4 consecutive words at once (`red.global.add.v4.f32`).
+        let reduce = atomic
+            && dt == DType::F32
+            && self.target.caps.vector_red
+            && !res.is_some_and(|r| self.is_used(r));
+        if !atomic || reduce {
             let (vec, mask_uniform) = self.run_width(&p, offsets, mask, &shape, &lin, 16);
             // A gather whose mask varies inside a vector stays element by element; a
-            // scatter splits such vectors into element stores (`lower_pointwise_vectors`).
+            // scatter (or reduction) splits such vectors into element accesses
+            // (`lower_pointwise_vectors`).
             if vec >= 2 && (value.is_some() || mask_uniform) {
                 return self.lower_pointwise_vectors(PointwiseAccess {
                     id,
@@ -870,6 +877,7 @@ impl Lowerer<'_> {
                     other,
                     policy,
                     vec,
+                    reduce,
                 });
             }
         }

@@ -1,5 +1,6 @@
-//! Vectorized `gather` and `scatter`: one vector instruction for each run of `vec`
-//! elements a thread holds, where the axis facts prove the run contiguous in memory.
+//! Vectorized `gather`, `scatter` and f32 `atomic_add` reductions (old values unused,
+//! sm_90): one vector instruction for each run of `vec` elements a thread holds, where
+//! the axis facts prove the run contiguous in memory.
 //!
 //! Assumes: `AxisFacts::pointwise_vector` allowed `vec` (≥ 2) for this access, and the
 //! access layout holds at least `vec` consecutive elements of the last axis per thread.
@@ -16,10 +17,13 @@
 //!   is masked in, and element by element (`st.global` of one element, under its own
 //!   mask) where some are not: the edges of a row that starts at an unaligned offset.
 //!   Every replica but one is predicated off, as for tile stores.
+//! - A reduction is a scatter whose runs are `red.global.add.v2.f32` / `.v4.f32` (and
+//!   whose cut runs are `red.global.add.f32` per element): each element is added once,
+//!   by the one replica that writes. Its (unread) result is bound to the values.
 
 use super::memory::{CoordinateCache, DeferredLoad, VectorAccess};
 use super::{unsupported, Lowerer, TensorRegs, R};
-use crate::back::ptx::isa::{Operand, Reg, RegClass};
+use crate::back::ptx::isa::{Addr, Operand, Reg, RegClass};
 use crate::back::ptx::layout::Linear;
 use crate::ir::InstId;
 use crate::types::{DType, Scalar};
@@ -40,6 +44,9 @@ pub(super) struct PointwiseAccess {
     pub other: Option<Scalar>,
     pub policy: Option<Reg>,
     pub vec: u32,
+    /// An `atomic_add` whose old values are unused: the runs are added (`red`), not
+    /// stored.
+    pub reduce: bool,
 }
 
 /// One run of an offset access: `vec` consecutive elements of the last axis that one
@@ -198,7 +205,11 @@ impl Lowerer<'_> {
                 (Some(p), Some(q)) => self.and_all(&[p, q]),
                 (p, q) => p.or(q),
             };
-            self.store_words(run.addr, 0, &words, ty, full, a.policy);
+            if a.reduce {
+                self.reduce_words(run.addr, 0, &words, full);
+            } else {
+                self.store_words(run.addr, 0, &words, ty, full, a.policy);
+            }
             // Runs the mask cuts: the masked-in elements one by one.
             if let (Some(m), Some(all)) = (&a.mask, all) {
                 let some_out = self.op1(RegClass::Pred, "not.pred", vec![all.into()]);
@@ -216,18 +227,41 @@ impl Lowerer<'_> {
                         8 => "b64",
                         _ => ty,
                     };
-                    self.store_words(
-                        run.addr,
-                        j as i64 * es,
-                        &element_words[j..j + 1],
-                        ety,
-                        pj,
-                        a.policy,
-                    );
+                    if a.reduce {
+                        self.reduce_words(run.addr, j as i64 * es, &element_words[j..j + 1], pj);
+                    } else {
+                        self.store_words(
+                            run.addr,
+                            j as i64 * es,
+                            &element_words[j..j + 1],
+                            ety,
+                            pj,
+                            a.policy,
+                        );
+                    }
                 }
             }
         }
+        if let (true, Some(r)) = (a.reduce, res) {
+            self.bind(r, values.clone());
+        }
         Ok(())
+    }
+
+    /// `red.global.add` of 1, 2 or 4 consecutive f32 `words` at `addr + imm`.
+    fn reduce_words(&mut self, addr: Reg, imm: i64, words: &[Reg], pred: Option<Reg>) {
+        let (v, src) = match words {
+            [w] => ("", Operand::Reg(*w)),
+            _ => (
+                if words.len() == 2 { ".v2" } else { ".v4" },
+                Operand::Vec(words.to_vec()),
+            ),
+        };
+        self.emit_if(
+            pred.map(|p| (p, false)),
+            format!("red.global.add{v}.f32"),
+            vec![Operand::Mem(Addr::Reg(addr), imm), src],
+        );
     }
 
     /// The element registers in memory format of packed `words`: 16-bit elements are

@@ -500,6 +500,7 @@ impl Lowerer<'_> {
             other: Some(other),
             policy,
             vec,
+            reduce: false,
         };
         let runs = self.offset_runs(&access, true, span)?;
         let preds: Vec<Option<Reg>> = runs.iter().map(|r| r.pred).collect();
