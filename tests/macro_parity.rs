@@ -300,7 +300,7 @@ fn launch_on_gpu_if_present() {
     assert_eq!(on_gpu[2], on_interp[2]);
 }
 
-/// The example of docs/LANGUAGE.md's macro section, verbatim.
+/// The example of docs/MACRO.md, verbatim.
 mod doc_example {
     #[kgen::kernel]
     fn rmsnorm<T: Float = bf16, const BLOCK: i32 = 1024>(
@@ -318,8 +318,8 @@ mod doc_example {
 
     #[test]
     fn doc_example_compiles_and_is_in_the_doc() {
-        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/LANGUAGE.md"))
-            .unwrap();
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/MACRO.md")).unwrap();
         assert!(doc.contains("let r = rsqrt(sum(xt * xt, 0) / (shape(x, 1) as f32) + eps);"));
         for arch in [kgen::core::Arch::Sm80, kgen::core::Arch::Sm90a] {
             assert!(rmsnorm::ptx(arch).contains(".entry rmsnorm__T_bf16__BLOCK_1024"));
@@ -658,4 +658,54 @@ fn the_input_precision_of_dot_is_a_name_in_both_front_ends() {
         tf32_product::ptx,
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
     );
+}
+
+/// A helper function written as an `fn` item inside the kernel (its parameter and
+/// return types are not read: `_`), the same kernel as `.kg` text with a top-level `fn`.
+#[kgen::kernel]
+fn scaled_rows<const BLOCK: i32 = 256>(x: Tensor<f32, 1>, y: Tensor<f32, 1>) {
+    fn masked_scale(t: _, n: _, s: _, b: _) -> _ {
+        let offs = arange(0, b);
+        let mut r = t;
+        for k in 0..2 {
+            r = r * s + (k as f32);
+        }
+        r#where(offs < n, r, 0.0)
+    }
+    let i = bid(0);
+    let t = load(x, [i], [BLOCK]);
+    store(y, [i], masked_scale(t, shape(x, 0) - i * BLOCK, 2.0, BLOCK));
+}
+
+const SCALED_ROWS_KG: &str = r#"
+fn masked_scale(t, n, s, b) {
+    let offs = arange(0, b);
+    let mut r = t;
+    for k in 0..2 {
+        r = r * s + (k as f32);
+    }
+    return where(offs < n, r, 0.0);
+}
+kernel scaled_rows<BLOCK: int = 256>(x: tensor<f32, 1>, y: tensor<f32, 1>) {
+    let i = bid(0);
+    let t = load(x, [i], [BLOCK]);
+    store(y, [i], masked_scale(t, shape(x, 0) - i * BLOCK, 2.0, BLOCK));
+}
+"#;
+
+#[test]
+fn helper_functions_match_kg() {
+    assert!(
+        scaled_rows::SOURCE.starts_with("fn masked_scale(t, n, s, b) {"),
+        "{}",
+        scaled_rows::SOURCE
+    );
+    let file = SourceFile::new("scaled_rows.kg", SCALED_ROWS_KG);
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        let opts = scaled_rows::options(arch);
+        let m = scaled_rows::compile(&opts)
+            .expect("macro kernel compiles")
+            .ptx;
+        assert_eq!(m, compile(&file, &opts).expect("kg compiles").ptx);
+    }
 }

@@ -65,6 +65,7 @@ pub fn expand(
     attrs: &[syn::Attribute],
     vis: &syn::Visibility,
     kernel: &ast::Kernel,
+    functions: &[ast::FnDef],
     ok: bool,
 ) -> TokenStream {
     // The user's doc comments document the module.
@@ -74,6 +75,7 @@ pub fn expand(
     let source = if ok {
         print_module(&ast::Module {
             kernels: vec![kernel.clone()],
+            functions: functions.to_vec(),
         })
     } else {
         String::new()

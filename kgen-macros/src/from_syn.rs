@@ -13,6 +13,8 @@ use syn::{punctuated::Punctuated, Token};
 pub struct Lower {
     pub map: SpanMap,
     pub errors: Option<syn::Error>,
+    /// Helper functions: `fn` items inside the kernel's body (`.kg`'s top-level `fn`s).
+    pub functions: Vec<ast::FnDef>,
 }
 
 /// A placeholder for an expression that failed to convert (an error was reported).
@@ -28,6 +30,7 @@ impl Lower {
         Lower {
             map: SpanMap::default(),
             errors: None,
+            functions: Vec::new(),
         }
     }
 
@@ -375,10 +378,14 @@ impl Lower {
     fn stmt(&mut self, s: &syn::Stmt) -> Option<ast::Stmt> {
         match s {
             syn::Stmt::Local(l) => self.local(l),
+            syn::Stmt::Item(syn::Item::Fn(f)) => {
+                self.helper(f);
+                None
+            }
             syn::Stmt::Item(i) => {
                 self.err(
                     i,
-                    "items (fn, struct, use, ...) are not allowed inside a kernel",
+                    "items other than helper `fn`s (struct, use, ...) are not allowed inside a kernel",
                 );
                 None
             }
@@ -501,8 +508,75 @@ impl Lower {
                 self.static_assert(c, &args, span)
             }
             syn::Expr::Macro(m) => self.macro_stmt(&m.mac),
+            syn::Expr::Return(r) => {
+                let span = self.map.alloc(r);
+                match &r.expr {
+                    Some(v) => Some(ast::Stmt::Return {
+                        value: self.expr(v),
+                        span,
+                    }),
+                    None => {
+                        self.err(
+                            r,
+                            "`return` needs a value: a function without one just ends",
+                        );
+                        None
+                    }
+                }
+            }
             other => Some(ast::Stmt::Expr(self.expr(other))),
         }
+    }
+
+    /// A helper function: `fn name(a: _, b: _) -> _ { ...; e }` inside the kernel's body
+    /// (the parameter and return types are not read: each call's arguments give them).
+    /// A closing expression without `;` is its `return`.
+    fn helper(&mut self, f: &syn::ItemFn) {
+        let sig = &f.sig;
+        if !sig.generics.params.is_empty() {
+            self.err(
+                &sig.generics,
+                "a helper function takes no generics: pass compile-time values as arguments",
+            );
+        }
+        if sig.constness.is_some() || sig.asyncness.is_some() || sig.unsafety.is_some() {
+            self.err(&sig.ident, "a helper function is a plain `fn`");
+        }
+        let span = self.map.alloc(&sig.ident);
+        let name = self.ident(&sig.ident);
+        let mut params = Vec::new();
+        for p in &sig.inputs {
+            match p {
+                syn::FnArg::Typed(t) => match &*t.pat {
+                    syn::Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
+                        params.push(self.ident(&pi.ident));
+                    }
+                    other => self.err(other, "a parameter is one plain name"),
+                },
+                syn::FnArg::Receiver(r) => self.err(r, "a helper function has no `self`"),
+            }
+        }
+        let bspan = self.map.alloc(&f.block);
+        let mut stmts = Vec::new();
+        let n = f.block.stmts.len();
+        for (k, s) in f.block.stmts.iter().enumerate() {
+            match s {
+                syn::Stmt::Expr(e, None) if k + 1 == n && !is_statement_like(e) => {
+                    let span = self.map.alloc(e);
+                    stmts.push(ast::Stmt::Return {
+                        value: self.expr(e),
+                        span,
+                    });
+                }
+                s => stmts.extend(self.stmt(s)),
+            }
+        }
+        self.functions.push(ast::FnDef {
+            name,
+            params,
+            body: ast::Block { stmts, span: bspan },
+            span,
+        });
     }
 
     fn assign_target(&mut self, e: &syn::Expr) -> Option<ast::Ident> {
@@ -910,4 +984,18 @@ fn describe(e: &syn::Expr) -> String {
     } else {
         format!("{what} not supported in a kernel; {help}")
     }
+}
+
+/// An expression that is a statement when it closes a block (`for`, `if` without a
+/// value, an assignment): not a helper function's result.
+fn is_statement_like(e: &syn::Expr) -> bool {
+    matches!(
+        e,
+        syn::Expr::ForLoop(_)
+            | syn::Expr::If(_)
+            | syn::Expr::Assign(_)
+            | syn::Expr::Macro(_)
+            | syn::Expr::Return(_)
+    ) || matches!(e, syn::Expr::Binary(b) if compound_op(&b.op).is_some())
+        || matches!(e, syn::Expr::Call(c) if is_path(&c.func, "store") || is_path(&c.func, "scatter"))
 }

@@ -121,13 +121,20 @@ fn kernel_impl(attr: proc_macro2::TokenStream, func: &syn::ItemFn) -> proc_macro
     let kernel = lower.kernel(func);
     let module = kgen_core::front::ast::Module {
         kernels: vec![kernel],
+        functions: std::mem::take(&mut lower.functions),
     };
     let mut errors = lower.errors.take();
     if errors.is_none() {
         errors = expand::validate(&module, &lower.map).err();
     }
     let ok = errors.is_none();
-    let mut out = expand::expand(&func.attrs, &func.vis, &module.kernels[0], ok);
+    let mut out = expand::expand(
+        &func.attrs,
+        &func.vis,
+        &module.kernels[0],
+        &module.functions,
+        ok,
+    );
     if let Some(e) = errors {
         out.extend(e.to_compile_error());
     }

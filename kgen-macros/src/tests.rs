@@ -95,7 +95,7 @@ fn unsupported_syntax_is_reported_not_panicked() {
         "integer literal too large",
         "only builtin functions can be called",
         "`let` binds one plain name",
-        "`return` is not supported",
+        "`return` needs a value",
     ] {
         assert!(out.contains(msg), "missing `{msg}` in {out}");
     }

@@ -207,11 +207,17 @@ impl Checker<'_> {
         span: Span,
     ) -> Ev {
         let name = func.name.as_str();
+        if !is_builtin(name) {
+            if let Some(f) = self.function(name) {
+                return self.user_call(&f, func, args, span);
+            }
+        }
         let Some(sig) = BUILTINS.iter().find(|b| b.name == name) else {
             for a in args {
                 let _ = self.expr(&a.value);
             }
             let mut names: Vec<String> = BUILTINS.iter().map(|b| b.name.to_string()).collect();
+            names.extend(self.functions.iter().map(|f| f.name.name.clone()));
             let mut d = Diagnostic::error(
                 ErrorCode::UnknownFunction,
                 func.span,

@@ -22,6 +22,7 @@
 //!   `pow` and `**`, `fma`, `fdiv`, `cdiv`);
 //! - `memory.rs`: `load`/`store`/`gather`/`scatter`/`atomic_add`/`dot`;
 //! - `stmt.rs`: statements, SSA for `let mut`, loops and ifs;
+//! - `functions.rs`: helper functions (`fn`), inlined at each call;
 //! - `tests.rs` (valid programs), `tests_errors.rs` (one or more per error code),
 //!   `tests_robust.rs` (deep and random ASTs), `tests_values.rs` (constants and the
 //!   value builtins: typed constants, float generics, `dtype`, `item`, `**`, ...).
@@ -29,6 +30,7 @@
 mod builtins;
 mod consteval;
 mod expr;
+mod functions;
 mod math;
 mod memory;
 mod scan;
@@ -41,6 +43,8 @@ mod stmt;
 mod tests;
 #[cfg(test)]
 mod tests_errors;
+#[cfg(test)]
+mod tests_functions;
 #[cfg(test)]
 mod tests_grid_sync;
 #[cfg(test)]
@@ -113,6 +117,10 @@ pub(crate) struct Checker<'a> {
     /// dtype, a float generic, `lowest(T)`, a folded operation), with its value.
     /// Operations on them fold (`consteval.rs`), and `pad` / `other` accept them.
     pub typed_consts: HashMap<ValueId, crate::types::Scalar>,
+    /// The module's helper functions (`functions.rs`).
+    pub functions: Vec<ast::FnDef>,
+    /// The functions being inlined, outermost first (recursion is an error).
+    pub fn_stack: Vec<String>,
 }
 
 /// The deepest nesting of expressions and statement blocks the checker accepts. The
@@ -157,7 +165,10 @@ pub fn lower_kernel(
         too_deep: false,
         cluster: None,
         typed_consts: HashMap::new(),
+        functions: module.functions.clone(),
+        fn_stack: Vec::new(),
     };
+    c.check_functions();
     let consts = c.specialize(kernel);
     let tensor_align = c.params(kernel);
     // Only a kernel whose signature checked is lowered: body errors caused by a bad
@@ -203,6 +214,12 @@ pub fn lower_kernel(
         ));
     }
     if !c.errors.is_empty() {
+        // A function called twice reports an error in its body once.
+        let mut seen = HashSet::new();
+        c.errors.retain(|d| {
+            let at = d.labels.first().map(|l| l.span);
+            seen.insert((d.code, at, d.message.clone()))
+        });
         return Err(Diagnostics(c.errors));
     }
     let spec = Specialization {

@@ -33,7 +33,7 @@ impl Checker<'_> {
         self.scopes.pop();
     }
 
-    fn stmt(&mut self, s: &Stmt) {
+    pub(crate) fn stmt(&mut self, s: &Stmt) {
         match s {
             Stmt::Let {
                 name,
@@ -67,6 +67,10 @@ impl Checker<'_> {
             } => self.if_stmt(cond, then_block, else_block.as_ref(), *span),
             Stmt::StaticAssert { cond, message, .. } => {
                 self.static_assert(cond, message.as_deref())
+            }
+            Stmt::Return { value, span } => {
+                let _ = self.expr(value);
+                self.misplaced_return(*span);
             }
         }
     }

@@ -159,7 +159,10 @@ fn no_such_kernel() {
     );
     assert_eq!(e.len(), 1);
     assert_eq!((e[0].0, e[0].1.as_str()), (ErrorCode::NoSuchKernel, ""));
-    let empty = ast::Module { kernels: vec![] };
+    let empty = ast::Module {
+        kernels: vec![],
+        functions: vec![],
+    };
     let d = super::lower_kernel(&empty, &CompileOptions::new(Arch::Sm80)).unwrap_err();
     assert_eq!(d.0[0].code, ErrorCode::NoSuchKernel);
 }

@@ -10,10 +10,23 @@
 
 use crate::span::Span;
 
-/// A parsed file: one or more kernels.
+/// A parsed file: one or more kernels, and the helper functions they call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Module {
     pub kernels: Vec<Kernel>,
+    pub functions: Vec<FnDef>,
+}
+
+/// `fn name(a, b) { ...; return e; }`: a helper function, inlined at each call (the
+/// checker checks its body once per call, with the call's arguments bound to the
+/// parameters, so the parameters take the arguments' kinds, dtypes and shapes, and
+/// compile-time arguments stay compile-time). Its body sees only its parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FnDef {
+    pub name: Ident,
+    pub params: Vec<Ident>,
+    pub body: Block,
+    pub span: Span,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -147,6 +160,9 @@ pub enum Stmt {
         message: Option<String>,
         span: Span,
     },
+    /// `return e;`: only as the last statement of a function's body (the checker says
+    /// so anywhere else).
+    Return { value: Expr, span: Span },
 }
 
 impl Stmt {
@@ -156,7 +172,8 @@ impl Stmt {
             | Stmt::Assign { span, .. }
             | Stmt::For { span, .. }
             | Stmt::If { span, .. }
-            | Stmt::StaticAssert { span, .. } => *span,
+            | Stmt::StaticAssert { span, .. }
+            | Stmt::Return { span, .. } => *span,
             Stmt::Expr(e) => e.span,
         }
     }

@@ -160,14 +160,34 @@ fn ident(p: Pair<'_, Rule>) -> R<Ident> {
 /// Builds the module from the `file` pair.
 pub(crate) fn build_file(file: Pair<'_, Rule>) -> R<Module> {
     let mut kernels = Vec::new();
+    let mut functions = Vec::new();
     for p in file.into_inner() {
         match p.as_rule() {
             Rule::kernel => kernels.push(build_kernel(p)?),
+            Rule::function => functions.push(build_function(p)?),
             Rule::EOI => {}
             _ => return Err(internal(span_of(&p), "unexpected item")),
         }
     }
-    Ok(Module { kernels })
+    Ok(Module { kernels, functions })
+}
+
+fn build_function(p: Pair<'_, Rule>) -> R<FnDef> {
+    let span = span_of(&p);
+    let mut c = Children::of(p);
+    c.expect(Rule::kw_fn)?;
+    let name = ident(c.expect(Rule::ident)?)?;
+    let mut params = Vec::new();
+    for pp in c.expect(Rule::fn_params)?.into_inner() {
+        params.push(ident(pp)?);
+    }
+    let body = build_block(c.expect(Rule::block)?)?;
+    Ok(FnDef {
+        name,
+        params,
+        body,
+        span,
+    })
 }
 
 fn build_kernel(p: Pair<'_, Rule>) -> R<Kernel> {
@@ -378,6 +398,12 @@ fn build_stmt(p: Pair<'_, Rule>) -> R<Stmt> {
         }
         Rule::for_stmt => build_for(p),
         Rule::if_stmt => build_if(p),
+        Rule::return_stmt => {
+            let mut c = Children::of(p);
+            c.expect(Rule::kw_return)?;
+            let value = build_expr(c.expect(Rule::expr)?, 0)?.e;
+            Ok(Stmt::Return { value, span })
+        }
         _ => Err(internal(span, "unexpected statement")),
     }
 }

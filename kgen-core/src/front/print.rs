@@ -12,13 +12,26 @@ use std::fmt::Write;
 /// The `.kg` text of a whole module.
 pub fn print_module(m: &Module) -> String {
     let mut out = String::new();
-    for (i, k) in m.kernels.iter().enumerate() {
+    for (i, f) in m.functions.iter().enumerate() {
         if i > 0 {
+            out.push('\n');
+        }
+        print_function(&mut out, f);
+    }
+    for (i, k) in m.kernels.iter().enumerate() {
+        if i > 0 || !m.functions.is_empty() {
             out.push('\n');
         }
         print_kernel(&mut out, k);
     }
     out
+}
+
+fn print_function(out: &mut String, f: &FnDef) {
+    let params: Vec<&str> = f.params.iter().map(|p| p.name.as_str()).collect();
+    let _ = write!(out, "fn {}({}) ", f.name.name, params.join(", "));
+    print_block(out, &f.body, 0);
+    out.push('\n');
 }
 
 fn print_kernel(out: &mut String, k: &Kernel) {
@@ -165,6 +178,9 @@ fn print_stmt(out: &mut String, s: &Stmt, level: usize) {
                 let _ = write!(out, ", {}", quote_str(m));
             }
             out.push_str(");\n");
+        }
+        Stmt::Return { value, .. } => {
+            let _ = writeln!(out, "return {};", print_expr(value));
         }
     }
 }
