@@ -709,3 +709,39 @@ fn helper_functions_match_kg() {
         assert_eq!(m, compile(&file, &opts).expect("kg compiles").ptx);
     }
 }
+
+/// A helper returning two values, bound with `let [a, b]` (a slice pattern in Rust).
+#[kgen::kernel]
+fn halves(x: Tensor<f32, 1>, y: Tensor<f32, 1>) {
+    fn split(t: _, s: _) -> _ {
+        [t * s, t * (1.0 - s)]
+    }
+    let [lo, hi] = split(load(x, [bid(0)], [64]), 0.25);
+    let [mut a, mut b] = split(lo, 0.5);
+    a += hi;
+    b += hi;
+    store(y, [bid(0)], a + b);
+}
+
+const HALVES_KG: &str = r#"
+fn split(t, s) {
+    return [t * s, t * (1.0 - s)];
+}
+kernel halves(x: tensor<f32, 1>, y: tensor<f32, 1>) {
+    let [lo, hi] = split(load(x, [bid(0)], [64]), 0.25);
+    let mut [a, b] = split(lo, 0.5);
+    a += hi;
+    b += hi;
+    store(y, [bid(0)], a + b);
+}
+"#;
+
+#[test]
+fn list_returns_match_kg() {
+    let file = SourceFile::new("halves.kg", HALVES_KG);
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        let opts = halves::options(arch);
+        let m = halves::compile(&opts).expect("macro kernel compiles").ptx;
+        assert_eq!(m, compile(&file, &opts).expect("kg compiles").ptx);
+    }
+}

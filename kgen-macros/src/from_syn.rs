@@ -394,12 +394,51 @@ impl Lower {
         }
     }
 
+    /// `let [a, b] = e;` (`let [mut a, mut b] = e;`: every name `mut`, or none).
+    fn let_list(&mut self, l: &syn::Local, sl: &syn::PatSlice, span: Span) -> Option<ast::Stmt> {
+        let mut names = Vec::new();
+        let mut muts = Vec::new();
+        for p in &sl.elems {
+            match p {
+                syn::Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
+                    names.push(self.ident(&pi.ident));
+                    muts.push(pi.mutability.is_some());
+                }
+                other => {
+                    self.err(other, "`let [a, b]` binds plain names");
+                    return None;
+                }
+            }
+        }
+        if names.is_empty() {
+            self.err(sl, "`let []` binds no name");
+            return None;
+        }
+        let mutable = muts.iter().all(|&m| m);
+        if !mutable && muts.iter().any(|&m| m) {
+            self.err(sl, "make every name of `let [...]` `mut`, or none");
+        }
+        let Some(init) = &l.init else {
+            self.err(l, "a `let` needs a value: `let [a, b] = ...;`");
+            return None;
+        };
+        Some(ast::Stmt::LetList {
+            names,
+            mutable,
+            value: self.expr(&init.expr),
+            span,
+        })
+    }
+
     fn local(&mut self, l: &syn::Local) -> Option<ast::Stmt> {
         let span = self.map.alloc(l);
         let (pat, ty) = match &l.pat {
             syn::Pat::Type(pt) => (&*pt.pat, Some(&*pt.ty)),
             p => (p, None),
         };
+        if let (syn::Pat::Slice(sl), None) = (pat, ty) {
+            return self.let_list(l, sl, span);
+        }
         let syn::Pat::Ident(pi) = pat else {
             self.err(pat, "`let` binds one plain name (no patterns)");
             return None;

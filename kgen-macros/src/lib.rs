@@ -33,6 +33,8 @@
 //! | `w: Tensor<T, Dims<_, 4096, { 2 * D }>>` | `w: tensor<T, [_, 4096, 2 * D]>` |
 //! | `eps: f32`, `n: i32`, `a: T` | the same |
 //! | `let x = e;`, `let mut x: f32 = e;` | the same |
+//! | `let [a, b] = e;`, `let [mut a, mut b] = e;` | `let [a, b] = e;`, `let mut [a, b] = e;` |
+//! | `fn f(a: _, b: _) -> _ { ...; [x, y] }` inside the kernel's body | `fn f(a, b) { ...; return [x, y]; }` beside the kernel |
 //! | `x = e;`, `x += e;` (all compound operators) | the same |
 //! | `for k in a..b { }` | the same |
 //! | `for k in (a..b).step_by(s) { }` | `for k in range(a, b, s) { }` |
@@ -47,9 +49,9 @@
 //! as an assignment expression, which the macro reads as a keyword argument. Method
 //! calls desugar to calls with the receiver first, as in `.kg`. Not supported (each is a
 //! located error): `while`, `loop`, `match`, closures, indexing `a[i]`, fields,
-//! references, `return`/`break`, tuples, paths other than the float constants, literal
-//! suffixes (`1.0f32`), nested items, macros other than `static_assert!`, lifetimes,
-//! `where` clauses, return types, `self`, attributes other than doc comments (doc
+//! references, `break`/`continue`, tuples, paths other than the float constants, literal
+//! suffixes (`1.0f32`), nested items other than helper `fn`s, macros other than
+//! `static_assert!`, lifetimes, `where` clauses, a kernel's return type, `self`, attributes other than doc comments (doc
 //! comments move to the generated module). Parameters cannot be named `NAME` or `SOURCE`
 //! (the module's constants); every other name is fine (the launcher's own parameters and
 //! locals are `__kgen_*`).

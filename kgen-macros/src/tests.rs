@@ -81,7 +81,7 @@ fn unsupported_syntax_is_reported_not_panicked() {
             let c = &a;
             let d = 99999999999999999999999999;
             let e = foo::bar(1);
-            let [p, q] = [1, 2];
+            let (p, q) = (1, 2);
             x = 1;
             let f = a ** 2.0;
             return;

@@ -42,6 +42,12 @@ impl Checker<'_> {
                 value,
                 ..
             } => self.let_stmt(name, *mutable, ty.as_ref(), value),
+            Stmt::LetList {
+                names,
+                mutable,
+                value,
+                ..
+            } => self.let_list(names, *mutable, value),
             Stmt::Assign {
                 target,
                 op,
@@ -90,11 +96,44 @@ impl Checker<'_> {
             },
             None => v,
         };
+        self.bind_let(name, mutable, v, value.span);
+    }
+
+    /// `let [a, b] = e;`: `e` is a list of as many values (a function's `return [x, y];`),
+    /// each bound as `let` binds one.
+    fn let_list(&mut self, names: &[ast::Ident], mutable: bool, value: &ast::Expr) {
+        let v = self.expr(value);
+        let items = match v {
+            Ev::List(items) if items.len() == names.len() => items,
+            Ev::Poison => vec![(Ev::Poison, value.span); names.len()],
+            other => {
+                let desc = match &other {
+                    Ev::List(items) => format!("a list of {}", items.len()),
+                    o => self.describe(o),
+                };
+                self.push(
+                    Diagnostic::error(
+                        ErrorCode::WrongKind,
+                        value.span,
+                        format!("`let [...]` binds {} names to {desc}", names.len()),
+                    )
+                    .with_label_message(format!("expected a list of {}", names.len())),
+                );
+                vec![(Ev::Poison, value.span); names.len()]
+            }
+        };
+        for (name, (v, span)) in names.iter().zip(items) {
+            self.bind_let(name, mutable, v, span);
+        }
+    }
+
+    /// Binds `name` to `v` (the value of the expression at `span`), as `let` does.
+    fn bind_let(&mut self, name: &ast::Ident, mutable: bool, v: Ev, span: Span) {
         let v = match v {
             Ev::Unit => self.push(
                 Diagnostic::error(
                     ErrorCode::WrongKind,
-                    value.span,
+                    span,
                     format!("`{}` cannot be bound to this: it has no value", name.name),
                 )
                 .with_label_message("returns nothing"),
@@ -102,14 +141,13 @@ impl Checker<'_> {
             // A mutable variable needs a concrete type from the start.
             Ev::Int(_) | Ev::Float(_) | Ev::Bool(_) if mutable => {
                 let d = Self::default_dtype(&v).unwrap_or(DType::I32);
-                self.materialize(&v, d, value.span)
-                    .map_or(Ev::Poison, Ev::Value)
+                self.materialize(&v, d, span).map_or(Ev::Poison, Ev::Value)
             }
             Ev::DType(_) | Ev::Tensor(_) | Ev::Scratch(_) | Ev::List(_) if mutable => {
                 let desc = self.describe(&v);
                 self.error(
                     ErrorCode::WrongKind,
-                    value.span,
+                    span,
                     format!("a mutable variable must hold a scalar or tile value, found {desc}"),
                 )
             }

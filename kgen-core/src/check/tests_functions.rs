@@ -131,3 +131,47 @@ fn the_macro_front_end_and_the_printer_keep_functions() {
     assert_eq!(ir(&printed), ir(CALLED), "{printed}");
     assert_eq!(again.functions.len(), 2);
 }
+
+#[test]
+fn a_function_returns_several_values_as_a_list() {
+    let called = r#"
+fn tile_of(pid, in_group, tiles_m, G) {
+    let first_m = (pid / in_group) * G;
+    let rows = min(tiles_m - first_m, G);
+    return [first_m + (pid % in_group) % rows, (pid % in_group) / rows];
+}
+kernel k(x: tensor<f32, 2>, y: tensor<f32, 2>) {
+    let [pm, pn] = tile_of(bid(0), 4 * shape(x, 1), shape(x, 0), 4);
+    store(y, [pm, pn], load(x, [pm, pn], [16, 16]));
+}
+"#;
+    let written = r#"
+kernel k(x: tensor<f32, 2>, y: tensor<f32, 2>) {
+    let pid = bid(0);
+    let in_group = 4 * shape(x, 1);
+    let tiles_m = shape(x, 0);
+    let first_m = (pid / in_group) * 4;
+    let rows = min(tiles_m - first_m, 4);
+    let pm = first_m + (pid % in_group) % rows;
+    let pn = (pid % in_group) / rows;
+    store(y, [pm, pn], load(x, [pm, pn], [16, 16]));
+}
+"#;
+    assert_eq!(ir(called), ir(written));
+    // `let mut [a, b]` makes both mutable; the printer keeps the form.
+    let m = r#"
+fn pair(t) {
+    return [t, t * 2.0];
+}
+kernel k(x: tensor<f32, 1>) {
+    let mut [a, b] = pair(load(x, [0], [16]));
+    a += b;
+    store(x, [0], a);
+}
+"#;
+    let _ = ir(m);
+    let parsed = crate::front::parse(&crate::span::SourceFile::new("m.kg", m)).unwrap();
+    let printed = crate::front::print::print_module(&parsed);
+    assert!(printed.contains("let mut [a, b] = pair("), "{printed}");
+    assert_eq!(ir(&printed), ir(m));
+}

@@ -129,6 +129,14 @@ pub enum Stmt {
         value: Expr,
         span: Span,
     },
+    /// `let [a, b] = e;` (`let mut [a, b] = e;`): binds the values of a list, such as a
+    /// function's `return [x, y];`, one name each.
+    LetList {
+        names: Vec<Ident>,
+        mutable: bool,
+        value: Expr,
+        span: Span,
+    },
     /// `x = e;` and compound forms (`x += e;` is stored as `x = x + e` with `op` set).
     Assign {
         target: Ident,
@@ -169,6 +177,7 @@ impl Stmt {
     pub fn span(&self) -> Span {
         match self {
             Stmt::Let { span, .. }
+            | Stmt::LetList { span, .. }
             | Stmt::Assign { span, .. }
             | Stmt::For { span, .. }
             | Stmt::If { span, .. }

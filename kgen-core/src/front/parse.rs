@@ -345,6 +345,23 @@ fn build_stmt(p: Pair<'_, Rule>) -> R<Stmt> {
             let mut c = Children::of(p);
             c.expect(Rule::kw_let)?;
             let mutable = c.take_if(Rule::kw_mut).is_some();
+            if let Some(list) = c.take_if(Rule::let_names) {
+                let names = list.into_inner().map(ident).collect::<R<Vec<_>>>()?;
+                if let Some(t) = c.take_if(Rule::let_type) {
+                    return Err(Diagnostic::error(
+                        ErrorCode::Syntax,
+                        span_of(&t),
+                        "`let [a, b]` takes no type annotation: annotate the values instead",
+                    ));
+                }
+                let value = build_expr(c.expect(Rule::expr)?, 0)?.e;
+                return Ok(Stmt::LetList {
+                    names,
+                    mutable,
+                    value,
+                    span,
+                });
+            }
             let name = ident(c.expect(Rule::ident)?)?;
             let ty = match c.take_if(Rule::let_type) {
                 Some(t) => Some(ident(Children::of(t).expect(Rule::ident)?)?),

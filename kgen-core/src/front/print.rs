@@ -127,6 +127,21 @@ fn print_stmt(out: &mut String, s: &Stmt, level: usize) {
             }
             let _ = writeln!(out, " = {};", print_expr(value));
         }
+        Stmt::LetList {
+            names,
+            mutable,
+            value,
+            ..
+        } => {
+            let names: Vec<&str> = names.iter().map(|n| n.name.as_str()).collect();
+            let m = if *mutable { "mut " } else { "" };
+            let _ = writeln!(
+                out,
+                "let {m}[{}] = {};",
+                names.join(", "),
+                print_expr(value)
+            );
+        }
         Stmt::Assign {
             target, op, value, ..
         } => {
