@@ -1,6 +1,9 @@
-//! Statements: `let`, assignment, `for`, `if`, `static_assert`, expression statements.
+//! Statements: `let` (and `let [a, b]`, binding a list's values), assignment, `for`,
+//! `if`, `static_assert`, expression statements; `return` here is misplaced (a
+//! function's closing `return` is `functions.rs`').
 //!
-//! Assumes: the kernel's parameters and generics are bound in outer scopes.
+//! Assumes: the kernel's parameters and generics (or, in a function's body, its
+//! parameters) are bound in outer scopes.
 //! Guarantees: `let mut` variables become SSA values (each assignment rebinds the name
 //! to a new value); a loop carries the outer mutable variables its body assigns (block
 //! arguments in, `Yield` out, results after), and an `if` yields the variables either
