@@ -77,6 +77,10 @@ pub struct Specialization {
     /// its own tiles on the bundled GEMM (docs/PERFORMANCE.md).
     #[serde(default)]
     pub multicast: bool,
+    /// Two consumer warpgroups of a warp-specialized block take turns issuing a loop's
+    /// products (`--pingpong`; `back/ptx/pingpong.rs`).
+    #[serde(default)]
+    pub pingpong: bool,
 }
 
 impl Specialization {
@@ -121,6 +125,9 @@ impl Specialization {
         if self.multicast {
             s.push_str("__mcast");
         }
+        if self.pingpong {
+            s.push_str("__pp");
+        }
         for (name, align) in &self.tensor_align {
             if *align < 16 {
                 s.push_str(&format!("__{name}_a{align}"));
@@ -158,8 +165,9 @@ impl Specialization {
         };
         let store = if self.tma_store { ";tma_store" } else { "" };
         let mcast = if self.multicast { ";multicast" } else { "" };
+        let pp = if self.pingpong { ";pingpong" } else { "" };
         format!(
-            "{}<{}>;warps={}{blocks}{stages}{tma}{store}{mcast};align={}",
+            "{}<{}>;warps={}{blocks}{stages}{tma}{store}{mcast}{pp};align={}",
             self.kernel,
             consts.join(","),
             self.num_warps,

@@ -45,6 +45,9 @@ pub struct CompileOptions {
     /// Multicast the fetches that are alike in both blocks of a cluster of two
     /// (`back/ptx/tma.rs`; the specialization's `multicast`).
     pub multicast: bool,
+    /// Two consumer warpgroups of a warp-specialized block take turns issuing a loop's
+    /// products (`back/ptx/pingpong.rs`; the specialization's `pingpong`).
+    pub pingpong: bool,
 }
 
 impl CompileOptions {
@@ -61,6 +64,7 @@ impl CompileOptions {
             ws: false,
             tma_store: false,
             multicast: false,
+            pingpong: false,
         }
     }
 

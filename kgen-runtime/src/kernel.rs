@@ -127,8 +127,8 @@ pub fn spec_key(opts: &CompileOptions) -> String {
     let mut align = opts.tensor_align.clone();
     align.sort();
     format!(
-        "kernel={:?};defines={:?};warps={:?};min_blocks_per_sm={:?};stages={:?};align={:?};no_tma={};ws={};tma_store={};multicast={}",
-        opts.kernel, defines, opts.num_warps, opts.min_blocks_per_sm, opts.num_stages, align, opts.no_tma, opts.ws, opts.tma_store, opts.multicast
+        "kernel={:?};defines={:?};warps={:?};min_blocks_per_sm={:?};stages={:?};align={:?};no_tma={};ws={};tma_store={};multicast={};pingpong={}",
+        opts.kernel, defines, opts.num_warps, opts.min_blocks_per_sm, opts.num_stages, align, opts.no_tma, opts.ws, opts.tma_store, opts.multicast, opts.pingpong
     )
 }
 

@@ -596,6 +596,7 @@ fn axpy_kernel(arch: kgen_core::Arch) -> kgen_core::CompiledKernel {
             ws: false,
             tma_store: false,
             multicast: false,
+            pingpong: false,
         },
         notes: vec![],
     }

@@ -155,6 +155,7 @@ fn compile(f: &Function, arch: Arch, warps: u32) -> kgen_core::CompiledKernel {
         ws: false,
         tma_store: false,
         multicast: false,
+        pingpong: false,
     };
     kgen_core::back::ptx::write(f, &info, &arch.target(), &spec)
         .unwrap_or_else(|d| panic!("{} {arch}: {d}", f.name))

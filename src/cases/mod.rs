@@ -16,6 +16,7 @@ use kgen_core::types::{DType, Scalar};
 use kgen_core::{Arch, CompileOptions, SourceFile};
 
 pub mod adamw;
+pub mod attention;
 pub mod compare;
 pub mod cross_entropy;
 pub mod gemm;
@@ -124,7 +125,7 @@ pub struct Case {
     /// Expected outputs, one Vec per entry of `outputs`, row-major over the tensor view.
     pub reference: Reference,
     pub tolerance: Tolerance,
-    /// Compile options beyond the defines (the CLI's `--ws`, `--multicast`).
+    /// Compile options beyond the defines (the CLI's `--ws`, `--multicast`, `--pingpong`).
     pub options: CaseOptions,
 }
 
@@ -136,6 +137,8 @@ pub struct CaseOptions {
     pub ws: bool,
     /// Multicast the tile fetches alike in both blocks of a pair (`CompileOptions::multicast`).
     pub multicast: bool,
+    /// Two consumer warpgroups take turns issuing products (`CompileOptions::pingpong`).
+    pub pingpong: bool,
     /// Warps per block (`--warps`) where the op that launches the kernel picks them
     /// (the compiler's default otherwise).
     pub warps: Option<u32>,
@@ -158,6 +161,7 @@ impl Case {
         o.tensor_align = self.tensor_align.clone();
         o.ws = self.options.ws;
         o.multicast = self.options.multicast;
+        o.pingpong = self.options.pingpong;
         o.num_warps = self.options.warps.or(o.num_warps);
         o
     }
@@ -203,6 +207,7 @@ pub fn all_cases(seed: u64, sizes: SizeSet) -> Vec<Case> {
     v.extend(gemm::cases(seed, sizes));
     v.extend(linear_bwd::cases(seed, sizes));
     v.extend(lang::cases(seed, sizes));
+    v.extend(attention::cases(seed, sizes));
     v.extend(scan::cases(seed, sizes));
     v.extend(int_div::cases(seed, sizes));
     v

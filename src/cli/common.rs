@@ -319,6 +319,7 @@ pub fn options(arch: Arch, spec: &SpecArgs) -> CompileOptions {
     o.ws = spec.ws;
     o.tma_store = spec.tma_store;
     o.multicast = spec.multicast;
+    o.pingpong = spec.pingpong;
     o.tensor_align = spec.aligns.clone();
     o
 }

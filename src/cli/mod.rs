@@ -116,6 +116,13 @@ struct SpecArgs {
     /// (docs/PERFORMANCE.md)
     #[arg(long)]
     multicast: bool,
+    /// On sm_90a, in a warp-specialized kernel (`--ws`) of two consumer warpgroups (8
+    /// warps), make them take turns issuing each loop iteration's products
+    /// (FlashAttention-3's ping-pong): one warpgroup's softmax then runs beside the other's
+    /// products. Applies to loops whose products stand together in the body (the
+    /// attention forward's `LAG` loop); elsewhere a note says it was not applied
+    #[arg(long)]
+    pingpong: bool,
     /// Alignment in bytes (1, 2, 4, 8 or 16) the kernel may assume for a tensor
     /// parameter; default 16. Repeatable.
     #[arg(long = "align", value_name = "TENSOR=BYTES", value_parser = common::parse_align)]

@@ -233,6 +233,7 @@ pub fn lower_kernel(
         ws: opts.ws,
         tma_store: opts.tma_store,
         multicast: opts.multicast,
+        pingpong: opts.pingpong,
     };
     c.func.name = spec.entry_name();
     c.func.body = c.blocks.pop().unwrap_or_default();

@@ -332,6 +332,7 @@ fn entry_names_of_float_values_are_ptx_identifiers() {
             ws: false,
             tma_store: false,
             multicast: false,
+            pingpong: false,
         };
         let name = spec.entry_name();
         assert!(

@@ -115,6 +115,7 @@ fn the_passes_run_on_parsed_text_as_on_the_checkers_ir() {
                     ws: false,
                     tma_store: false,
                     multicast: false,
+                    pingpong: false,
                 };
                 let passes = crate::passes::PassOptions::for_target(&spec, &arch.target());
                 crate::passes::optimize(&mut parsed, &passes).expect("the passes run");

@@ -230,6 +230,12 @@ pub enum Family {
     Bar,
     /// `bar.red`: a barrier that also reduces a predicate (defines its result).
     BarRed,
+    /// A *turn*: `bar.sync` / `bar.arrive` on a named barrier that two consumer
+    /// warpgroups pass back and forth to order when each issues its products (ping-pong,
+    /// `back/ptx/pingpong.rs`). It orders no memory access and guards no shared buffer,
+    /// so asynchronous products run on across it (`wgmma_waits.rs`). Never parsed from
+    /// text (the same opcode is a [`Family::Bar`]): built by [`Inst::turn`].
+    WarpTurn,
     /// `barrier.cluster.arrive` / `.wait`.
     BarrierCluster,
     Fence,
@@ -403,8 +409,9 @@ impl Family {
                 writes_memory: true,
                 ..e
             },
-            // Kept (never dead): what it orders is ptxas's schedule.
-            Shfl | Pmevent => Effects { syncs: true, ..e },
+            // Kept (never dead): what it orders is ptxas's schedule (or, for a turn, when
+            // the other warpgroup may issue).
+            Shfl | Pmevent | WarpTurn => Effects { syncs: true, ..e },
             Wgmma => Effects {
                 reads_memory: true,
                 syncs: true,
@@ -427,8 +434,8 @@ impl Family {
         use Family::*;
         match self {
             St(_) | Red(_) | CpAsync | CpAsyncBulk | CpAsyncCommit | CpAsyncWait | Stmatrix
-            | Bar | BarrierCluster | Fence | Griddepcontrol | Setmaxnreg | Pmevent | Bra | Ret
-            | Trap | WgmmaFence | WgmmaCommit | WgmmaWait => Roles::AllUses,
+            | Bar | WarpTurn | BarrierCluster | Fence | Griddepcontrol | Setmaxnreg | Pmevent
+            | Bra | Ret | Trap | WgmmaFence | WgmmaCommit | WgmmaWait => Roles::AllUses,
             Wgmma => Roles::DefUseFirst,
             // An unknown instruction is assumed to read everything it names; what it
             // defines is unknown, so it defines nothing a pass could miss (it is never
@@ -515,6 +522,23 @@ impl Inst {
         Inst {
             guard,
             opcode: Opcode::new(opcode),
+            operands,
+            defs,
+            uses,
+        }
+    }
+
+    /// A turn barrier (`bar.sync` or `bar.arrive` of [`Family::WarpTurn`]): its
+    /// operands (the barrier id and the thread count, registers or immediates) are read.
+    pub fn turn(guard: Option<(Reg, bool)>, opcode: &str, operands: Vec<Operand>) -> Inst {
+        let opcode = Opcode {
+            family: Family::WarpTurn,
+            text: opcode.to_string(),
+        };
+        let (defs, uses) = roles_of(Roles::AllUses, guard, &operands);
+        Inst {
+            guard,
+            opcode,
             operands,
             defs,
             uses,

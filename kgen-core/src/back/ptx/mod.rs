@@ -21,6 +21,7 @@ pub mod layout;
 pub mod limits;
 pub mod lower;
 pub mod mma_layout;
+pub mod pingpong;
 pub mod smem;
 pub mod swizzle;
 pub mod sync;
@@ -42,6 +43,8 @@ mod tests_grid_sync;
 mod tests_limits;
 #[cfg(test)]
 mod tests_packed;
+#[cfg(test)]
+mod tests_pingpong;
 #[cfg(test)]
 mod tests_red;
 #[cfg(test)]
@@ -214,6 +217,7 @@ pub fn write(
     }
     let mut lowered = lower::Lowerer::new(func, &asg, target)
         .with_tma(tma.clone(), specialize)
+        .with_pingpong(spec.pingpong && two_consumer_wgs)
         .run(&loads)?;
     if specialize && lowered.producer_threads == 0 {
         ws_refused = Some(if target.caps.wgmma {
@@ -247,9 +251,18 @@ pub fn write(
             .with_tma(tma, false)
             .run(&loads)?;
     }
+    // Why requested turns are not taken (the kernel is correct without them).
+    let pingpong_refused = if !spec.pingpong || lowered.turn_loops > 0 {
+        None
+    } else if lowered.producer_threads == 0 || threads != 2 * lower::PRODUCER_THREADS {
+        Some("it needs a warp-specialized block (`--ws`) of two consumer warpgroups (8 warps)")
+    } else {
+        Some("no loop issues two or more products back to back")
+    };
     let notes: Vec<String> = ws_refused
         .map(|why| format!("warp specialization (`--ws`) not applied: {why}"))
         .into_iter()
+        .chain(pingpong_refused.map(|why| format!("ping-pong (`--pingpong`) not applied: {why}")))
         .collect();
     let threads = threads + lowered.producer_threads;
     let cluster_bytes = lowered.cluster_slots * lower::SLOT_BYTES;

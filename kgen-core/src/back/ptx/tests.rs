@@ -282,6 +282,7 @@ pub fn spec(name: &str, warps: u32) -> Specialization {
         ws: false,
         tma_store: false,
         multicast: false,
+        pingpong: false,
     }
 }
 

@@ -683,6 +683,34 @@ mod tests {
         assert_eq!(t[t.len() - 3], "wait 0", "{t:?}");
     }
 
+    /// A ping-pong turn (`Inst::turn`: the same `bar.sync` / `bar.arrive` text, of
+    /// [`Family::WarpTurn`]) orders no memory: products run on across it, where a block
+    /// barrier completes them.
+    #[test]
+    fn a_turn_does_not_complete_groups() {
+        let mut body = product([1, 2, 3, 4], [10, 11, 12, 13]);
+        body.push(Stmt::Inst(Inst::turn(
+            None,
+            "bar.arrive",
+            vec![Operand::Imm(3), Operand::Imm(256)],
+        )));
+        body.push(inst("ex2.approx.f32", vec![r(30).into(), r(2).into()]));
+        body.push(inst("ret", vec![]));
+        place_waits(&mut body);
+        assert_eq!(
+            text(&body),
+            [
+                "fence",
+                "mma",
+                "commit",
+                "bar.arrive",
+                "wait 0",
+                "ex2.approx",
+                "ret"
+            ]
+        );
+    }
+
     /// Writing a register a running group reads (its A fragments) waits first; so does a
     /// barrier, and the end of the body.
     #[test]

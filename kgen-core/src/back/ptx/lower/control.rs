@@ -373,6 +373,7 @@ impl Lowerer<'_> {
             None => None,
         };
         let rotated = rotation.is_some();
+        self.turns_before_loop(id, lo, iv, up, st);
         let head = self.new_label();
         let end = self.new_label();
         self.place_label(head);
@@ -404,6 +405,7 @@ impl Lowerer<'_> {
         if std::mem::take(&mut self.wgmma_in_flight) {
             self.emit("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
         }
+        self.turns_after_loop(id);
         for (k, &r) in inst.results.iter().enumerate() {
             match (carried.get(k), packs.get(k)) {
                 (Some(c), Some(Some(pairs))) => {

@@ -32,6 +32,7 @@ mod shape;
 pub mod staged;
 mod tma;
 mod tma_store;
+mod turns;
 mod wgmma;
 mod ws;
 pub use ws::{fetched_once, CONSUMER_REGS, PRODUCER_THREADS};
@@ -127,6 +128,8 @@ pub struct Lowered {
     pub cluster_slots: u32,
     /// Threads added for a warp-specialized producer (`lower/ws.rs`); 0 without.
     pub producer_threads: u32,
+    /// Loops whose two consumer warpgroups take turns (`lower/turns.rs`).
+    pub turn_loops: u32,
 }
 
 pub struct Lowerer<'a> {
@@ -212,6 +215,8 @@ pub struct Lowerer<'a> {
     /// A `wgmma` group may still be running (`lower/wgmma.rs`, with a lag): the loop
     /// being lowered waits for it at its exit.
     wgmma_in_flight: bool,
+    /// Ping-pong of two consumer warpgroups (`lower/turns.rs`).
+    turns: turns::Turns,
     #[allow(clippy::type_complexity)]
     lane_offsets: HashMap<
         (
@@ -315,6 +320,7 @@ impl<'a> Lowerer<'a> {
             ws_once: Default::default(),
             ws_last_readers: Default::default(),
             wgmma_in_flight: false,
+            turns: Default::default(),
             lane_offsets: HashMap::new(),
             element_offsets: HashMap::new(),
             tf32_addrs: HashMap::new(),
@@ -406,6 +412,7 @@ impl<'a> Lowerer<'a> {
             } else {
                 0
             },
+            turn_loops: self.turns.loops,
         })
     }
 
@@ -1051,7 +1058,11 @@ impl<'a> Lowerer<'a> {
                         .filter(|_| !precision.is_tf32())
                         .and_then(|r| self.wgmma_plan(*a, *b, r, m));
                     match plan {
-                        Some(plan) => self.lower_wgmma(id, *a, *acc, m, plan),
+                        Some(plan) => {
+                            self.turns_before_dot(id);
+                            self.lower_wgmma(id, *a, *acc, m, plan)?;
+                            self.turns_after_dot(id, span)
+                        }
                         None => self.lower_mma(id, *a, *b, *acc, *precision, m),
                     }
                 }
