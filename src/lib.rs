@@ -8,7 +8,7 @@
 extern crate self as kgen;
 
 pub use kgen_core as core;
-pub use kgen_macros::kernel;
+pub use kgen_macros::{kernel, kernels};
 pub use kgen_runtime as runtime;
 
 pub mod bench;

@@ -745,3 +745,115 @@ fn list_returns_match_kg() {
         assert_eq!(m, compile(&file, &opts).expect("kg compiles").ptx);
     }
 }
+
+/// Two kernels sharing a helper: `#[kgen::kernels]` on a module, the helper a plain
+/// `fn` beside them (and one kernel with a nested helper of its own), against the same
+/// `.kg` file compiled for each kernel.
+#[kgen::kernels]
+mod rows {
+    /// `t` clamped to `[-c, c]`, with the lanes past `n` zeroed.
+    fn clamp_rows(t: _, n: _, c: _, b: _) -> _ {
+        let offs = arange(0, b);
+        r#where(offs < n, minimum(maximum(t, -c), c), 0.0)
+    }
+
+    /// Clamps each row of 256 elements.
+    #[kernel]
+    pub fn clamp<const BLOCK: i32 = 256>(x: Tensor<f32, 1>, y: Tensor<f32, 1>) {
+        let i = bid(0);
+        let t = load(x, [i], [BLOCK]);
+        store(y, [i], clamp_rows(t, shape(x, 0) - i * BLOCK, 1.5, BLOCK));
+    }
+
+    /// Clamps and doubles, through a helper of its own too.
+    #[kernel]
+    pub fn clamp2<const BLOCK: i32 = 128>(x: Tensor<f32, 1>, y: Tensor<f32, 1>) {
+        fn twice(t: _) -> _ {
+            t + t
+        }
+        let i = bid(0);
+        let t = twice(load(x, [i], [BLOCK]));
+        store(y, [i], clamp_rows(t, shape(x, 0) - i * BLOCK, 3.0, BLOCK));
+    }
+}
+
+const ROWS_KG: &str = r#"
+fn clamp_rows(t, n, c, b) {
+    let offs = arange(0, b);
+    return where(offs < n, minimum(maximum(t, -c), c), 0.0);
+}
+fn twice(t) {
+    return t + t;
+}
+kernel clamp<BLOCK: int = 256>(x: tensor<f32, 1>, y: tensor<f32, 1>) {
+    let i = bid(0);
+    let t = load(x, [i], [BLOCK]);
+    store(y, [i], clamp_rows(t, shape(x, 0) - i * BLOCK, 1.5, BLOCK));
+}
+kernel clamp2<BLOCK: int = 128>(x: tensor<f32, 1>, y: tensor<f32, 1>) {
+    let i = bid(0);
+    let t = twice(load(x, [i], [BLOCK]));
+    store(y, [i], clamp_rows(t, shape(x, 0) - i * BLOCK, 3.0, BLOCK));
+}
+"#;
+
+#[test]
+fn kernels_in_one_module_share_helpers() {
+    // Each kernel's source holds the shared helper; only `clamp2`'s its nested one.
+    assert!(rows::clamp::SOURCE.starts_with("fn clamp_rows(t, n, c, b) {"));
+    assert!(!rows::clamp::SOURCE.contains("fn twice"));
+    assert!(rows::clamp2::SOURCE.contains("fn twice(t) {"));
+    let file = SourceFile::new("rows.kg", ROWS_KG);
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        for (name, m) in [
+            ("clamp", rows::clamp::compile(&rows::clamp::options(arch))),
+            (
+                "clamp2",
+                rows::clamp2::compile(&rows::clamp2::options(arch)),
+            ),
+        ] {
+            let kg = compile(&file, &CompileOptions::new(arch).kernel(name)).expect("kg compiles");
+            assert_eq!(
+                m.expect("macro kernel compiles").ptx,
+                kg.ptx,
+                "{name} {arch:?}"
+            );
+        }
+    }
+}
+
+/// docs/MACRO.md's `#[kgen::kernels]` example, verbatim (the module renamed): both
+/// kernels compile for both targets.
+#[kgen::kernels]
+mod rows_doc {
+    fn clamp_rows(t: _, n: _, c: _, b: _) -> _ {
+        let offs = arange(0, b);
+        r#where(offs < n, minimum(maximum(t, -c), c), 0.0)
+    }
+
+    #[kernel]
+    pub fn clamp<const BLOCK: i32 = 256>(x: Tensor<f32, 1>, y: Tensor<f32, 1>) {
+        let i = bid(0);
+        store(
+            y,
+            [i],
+            clamp_rows(load(x, [i], [BLOCK]), shape(x, 0) - i * BLOCK, 1.5, BLOCK),
+        );
+    }
+
+    #[kernel]
+    pub fn clamp2<const BLOCK: i32 = 128>(x: Tensor<f32, 1>, y: Tensor<f32, 1>) {
+        let i = bid(0);
+        let t = load(x, [i], [BLOCK]) * 2.0;
+        store(y, [i], clamp_rows(t, shape(x, 0) - i * BLOCK, 3.0, BLOCK));
+    }
+}
+
+#[test]
+fn the_kernels_module_example_of_the_docs_compiles() {
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        rows_doc::clamp::compile(&rows_doc::clamp::options(arch)).expect("clamp");
+        rows_doc::clamp2::compile(&rows_doc::clamp2::options(arch)).expect("clamp2");
+    }
+    assert!(rows_doc::clamp2::SOURCE.starts_with("fn clamp_rows("));
+}

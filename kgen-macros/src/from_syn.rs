@@ -35,7 +35,11 @@ impl Lower {
     }
 
     pub fn err(&mut self, node: &dyn ToTokens, msg: impl std::fmt::Display) {
-        let e = syn::Error::new_spanned(node.to_token_stream(), msg);
+        self.err_combine(syn::Error::new_spanned(node.to_token_stream(), msg));
+    }
+
+    /// Adds `e` (one error or several) to the errors reported.
+    pub fn err_combine(&mut self, e: syn::Error) {
         match &mut self.errors {
             Some(all) => all.combine(e),
             None => self.errors = Some(e),
@@ -570,7 +574,7 @@ impl Lower {
     /// A helper function: `fn name(a: _, b: _) -> _ { ...; e }` inside the kernel's body
     /// (the parameter and return types are not read: each call's arguments give them).
     /// A closing expression without `;` is its `return`.
-    fn helper(&mut self, f: &syn::ItemFn) {
+    pub fn helper(&mut self, f: &syn::ItemFn) {
         let sig = &f.sig;
         if !sig.generics.params.is_empty() {
             self.err(

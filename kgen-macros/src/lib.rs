@@ -56,6 +56,12 @@
 //! (the module's constants); every other name is fine (the launcher's own parameters and
 //! locals are `__kgen_*`).
 //!
+//! # Kernels sharing helpers: `#[kernels]`
+//!
+//! On an inline module, `#[kernels]` makes every `fn` marked `#[kernel]` a kernel module
+//! (as above) and every other `fn` a helper that each of them may call; each kernel's
+//! `SOURCE` holds the helpers. See docs/MACRO.md.
+//!
 //! # The generated module
 //!
 //! ```ignore
@@ -95,6 +101,7 @@
 
 mod expand;
 mod from_syn;
+mod module;
 mod spans;
 
 use proc_macro::TokenStream;
@@ -105,6 +112,15 @@ use proc_macro::TokenStream;
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = syn::parse_macro_input!(item as syn::ItemFn);
     kernel_impl(attr.into(), &func).into()
+}
+
+/// Kernels that share helper functions: on an inline module, each `fn` marked
+/// `#[kernel]` becomes a kernel module (as `#[kernel]` alone makes it), and every other
+/// `fn` is a helper each of them may call. See the crate documentation.
+#[proc_macro_attribute]
+pub fn kernels(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let m = syn::parse_macro_input!(item as syn::ItemMod);
+    module::kernels_impl(attr.into(), &m).into()
 }
 
 /// The whole macro on `proc_macro2` tokens (so that it can be unit-tested):

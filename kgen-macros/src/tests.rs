@@ -100,3 +100,45 @@ fn unsupported_syntax_is_reported_not_panicked() {
         assert!(out.contains(msg), "missing `{msg}` in {out}");
     }
 }
+
+/// `#[kernels]`: a module without its items is an error; a helper's error reached from
+/// two kernels is reported once; each kernel module is generated (the fallback where its
+/// check failed).
+#[test]
+fn kernels_modules() {
+    let run = |item: proc_macro2::TokenStream| {
+        let m: syn::ItemMod = syn::parse2(item).expect("a module");
+        crate::module::kernels_impl(proc_macro2::TokenStream::new(), &m).to_string()
+    };
+    let out = run(quote! { mod outside; });
+    assert!(out.contains("needs the module's items here"), "{out}");
+
+    let out = run(quote! {
+        pub mod m {
+            fn h(t: _) -> _ { t + true }
+            #[kernel]
+            pub fn a(x: Tensor<f32, 1>) { store(x, [0], h(load(x, [0], [64]))); }
+            #[kernel]
+            pub fn b(x: Tensor<f32, 1>) { store(x, [0], h(load(x, [0], [32]))); }
+        }
+    });
+    assert_eq!(out.matches("cannot be used as `f32`").count(), 1, "{out}");
+    assert!(out.contains("pub mod m"), "{out}");
+    assert!(
+        out.contains("pub mod a") && out.contains("pub mod b"),
+        "{out}"
+    );
+
+    let out = run(quote! {
+        mod m {
+            fn h(t: _) -> _ { t * 2.0 }
+            #[kgen::kernel]
+            pub fn a(x: Tensor<f32, 1>) { store(x, [0], h(load(x, [0], [64]))); }
+        }
+    });
+    assert!(!out.contains("compile_error"), "{out}");
+    assert!(
+        out.contains("fn h(t) {"),
+        "the helper is in a's SOURCE: {out}"
+    );
+}
