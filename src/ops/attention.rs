@@ -41,8 +41,8 @@
 //! - Configurations ([`fwd_candidates`], [`dq_candidates`], [`dkdv_candidates`], measured
 //!   there): forward and dq default to BM = BN = 64 with 4 warps, with more candidates
 //!   per head dimension and target (at D = 128 on sm_90a, warp-specialized tiles of
-//!   BM = 128; the forward's both plain and lagged); dkdv BN = 64 with 4 warps, BM = 32;
-//!   delta BM = 64. The candidate lists go through the plan and the tuner as the other
+//!   BM = 128; the forward's both plain and lagged; at D = 64, BM = 128 on 8 warps too);
+//!   dkdv BN = 64 with 4 warps, BM = 32 (at D = 64, BM = 64 first and 32); delta BM = 64. The candidate lists go through the plan and the tuner as the other
 //!   ops' do (a list of one is not timed). No host synchronization.
 
 use super::plan::{launches_of, Launch, Pass, PlanKey};
@@ -187,7 +187,7 @@ const fn per_sm(c: AttentionConfig, m: u32) -> AttentionConfig {
 
 /// The forward's candidates for head dimension `d`, the default first: BM = BN = 64 with
 /// 4 warps. BM = 128 with 8 warps (D = 64; compiles without spills) lost everywhere it
-/// was timed, so it is not offered: on an H200 (sm_90a, bf16, causal, `kgen run
+/// was timed causal (for not causal, see below): on an H200 (sm_90a, bf16, causal, `kgen run
 /// --bench`) 484 against 616 µs at B·H = 64, S = 4096; 20.3 against 24.0 µs at 16 x 1024;
 /// 10.7 against 15.0 µs at 8 x 512. At D = 128, FlashAttention-3's shape: BM = BN = 128
 /// on two consumer warpgroups fed by a TMA producer warpgroup (H100, B·H = 128,
@@ -198,9 +198,16 @@ const fn per_sm(c: AttentionConfig, m: u32) -> AttentionConfig {
 /// at B·H = 128, S = 2048 the plain loop stays ahead). At D = 64 (BM = BN = 64, 4 warps)
 /// the lagged loop lost (106 against 100 µs causal, B·H = 192, S = 1024), so it is not
 /// offered there.
+///
+/// At D = 64, BM = 128, BN = 64 on 8 warps (two warpgroups over 64-row halves, no
+/// producer) wins when not causal and loses when causal (H100, `kgen run --bench`,
+/// thirty-first session, µs against BM = BN = 64 on 4 warps; B·H × S: 192 × 1024, 64 ×
+/// 4096, 384 × 512): not causal 145.5 / 670 / 86.4 against 154.9 / 705 / 92.8, causal
+/// 104.0 / 392 / 71.4 against 100.2 / 394 / 67.8. The tuner keys on `causal`, so it is
+/// offered and each shape takes its own.
 pub fn fwd_candidates(d: usize, arch: kgen_core::Arch) -> Vec<AttentionConfig> {
     if d == 64 {
-        vec![cfg(64, 64, 4), per_sm(cfg(64, 64, 4), 3)]
+        vec![cfg(64, 64, 4), per_sm(cfg(64, 64, 4), 3), cfg(128, 64, 8)]
     } else if arch == kgen_core::Arch::Sm90a {
         vec![
             cfg(64, 64, 4),
@@ -214,13 +221,17 @@ pub fn fwd_candidates(d: usize, arch: kgen_core::Arch) -> Vec<AttentionConfig> {
 }
 
 /// `attention_bwd_dq`'s candidates, as [`fwd_candidates`]: BM = 128 with 8 warps lost
-/// there too for D = 64 (490 against 685 µs, 22.6 against 27.0, 12.3 against 16.7), but
+/// there too for D = 64, causal (490 against 685 µs, 22.6 against 27.0, 12.3 against 16.7), but
 /// won for D = 128 on an H100 (B·H = 128, S = 4096, causal: 1791 against 2070 µs;
 /// B·H = 32, S = 16384: 6558 against 7488), so the tuner times both there.
 ///
 /// At D = 128 the BM = 128 kernel also comes warp-specialized (a TMA producer
 /// warpgroup; H100, B·H = 128, S = 4096, causal: 1309 against 1459 µs with TMA and no
 /// producer). At D = 64 that lost (137–142 against 108 µs).
+///
+/// At D = 64 the plain BM = 128, BN = 64 on 8 warps is offered too: not causal it is a
+/// little faster (H100, same shapes as the forward's: 155.3 / 690 / 97.5 against
+/// 159.8 / 688 / 100.2 µs), causal it loses by 30–45% (the tuner keys on `causal`).
 pub fn dq_candidates(d: usize, arch: kgen_core::Arch) -> Vec<AttentionConfig> {
     if d == 128 && arch == kgen_core::Arch::Sm90a {
         vec![
@@ -231,7 +242,7 @@ pub fn dq_candidates(d: usize, arch: kgen_core::Arch) -> Vec<AttentionConfig> {
     } else if d == 128 {
         vec![cfg(64, 64, 4), cfg(128, 64, 8)]
     } else {
-        vec![cfg(64, 64, 4), per_sm(cfg(64, 64, 4), 3)]
+        vec![cfg(64, 64, 4), per_sm(cfg(64, 64, 4), 3), cfg(128, 64, 8)]
     }
 }
 
@@ -249,9 +260,23 @@ pub fn dq_candidates(d: usize, arch: kgen_core::Arch) -> Vec<AttentionConfig> {
 /// run --bench`: causal 2281 / 2275 against 2503 / 2477 µs), but the op's tuner, timing
 /// the three launches on real data, found it 60–330 µs slower with every dq candidate at
 /// all three D = 128 shapes of `kgen bench` (twenty-fifth session), so it is not offered.
-/// The check of every candidate launches each of this list too.
-pub fn dkdv_candidates(_d: usize, _arch: kgen_core::Arch) -> Vec<AttentionConfig> {
-    vec![cfg(32, 64, 4)]
+/// The check of every candidate launches each of this list too. (Measured again in the
+/// thirty-first session, in the op: forcing that kernel left the backward at 3791 against
+/// 3782 µs at 4 × 32 × 4096 and made it 1088 against 1035 µs at 8 × 16 × 2048.)
+///
+/// At D = 64, BM = 64 (4 warps) is as fast or faster than BM = 32 (H100, `kgen run
+/// --bench`, thirty-first session, µs, BM = 64 against 32; B·H × S = 192 × 1024 and
+/// 64 × 4096): not causal 302 / 1306 against 308 / 1408, causal 184 / 706 against 184 /
+/// 756; it comes first there and the tuner times both. (BM = 16: 369 / 1760 and 217 /
+/// 944; 8 warps on BN = 64: 4x slower; BN = 128 on 8 warps: 342 / 1494 and 224 / 838,
+/// with a producer 293 / 1283 and 198 / 746.) At D = 128, BM = 64 needs more registers
+/// than a thread has (the compiler's estimate: about 256).
+pub fn dkdv_candidates(d: usize, _arch: kgen_core::Arch) -> Vec<AttentionConfig> {
+    if d == 64 {
+        vec![cfg(64, 64, 4), cfg(32, 64, 4)]
+    } else {
+        vec![cfg(32, 64, 4)]
+    }
 }
 
 /// The sizes of one call, checked.
