@@ -528,21 +528,13 @@ impl Inst {
         }
     }
 
-    /// A turn barrier (`bar.sync` or `bar.arrive` of [`Family::WarpTurn`]): its
-    /// operands (the barrier id and the thread count, registers or immediates) are read.
+    /// A turn barrier: `bar.sync` or `bar.arrive` typed [`Family::WarpTurn`] (the text
+    /// alone would make it a [`Family::Bar`], whose operand roles it shares).
     pub fn turn(guard: Option<(Reg, bool)>, opcode: &str, operands: Vec<Operand>) -> Inst {
-        let opcode = Opcode {
-            family: Family::WarpTurn,
-            text: opcode.to_string(),
-        };
-        let (defs, uses) = roles_of(Roles::AllUses, guard, &operands);
-        Inst {
-            guard,
-            opcode,
-            operands,
-            defs,
-            uses,
-        }
+        let mut inst = Inst::new(guard, opcode, operands);
+        debug_assert_eq!(inst.opcode.family.roles(), Family::WarpTurn.roles());
+        inst.opcode.family = Family::WarpTurn;
+        inst
     }
 
     pub fn effects(&self) -> Effects {
