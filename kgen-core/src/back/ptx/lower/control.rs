@@ -373,7 +373,7 @@ impl Lowerer<'_> {
             None => None,
         };
         let rotated = rotation.is_some();
-        self.turns_before_loop(id, lo, iv, up, st);
+        self.turns_before_loop(id, (lo, iv, up, st), span)?;
         let head = self.new_label();
         let end = self.new_label();
         self.place_label(head);

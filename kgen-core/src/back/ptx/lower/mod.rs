@@ -206,6 +206,10 @@ pub struct Lowerer<'a> {
     ws: ws::WsMode,
     ws_split: Option<ws::WsSplit>,
     ws_lane0: Option<Reg>,
+    /// The consumers' block barrier after the split, and the kernel's named-barrier
+    /// allocator (ping-pong's turns take theirs from it too).
+    ws_barrier: Option<crate::back::ptx::sync::Barrier>,
+    named: crate::back::ptx::sync::NamedBarriers,
     /// With warp specialization: the buffers filled once, outside every loop
     /// ([`ws::fetched_once`]).
     ws_once: std::collections::HashSet<u32>,
@@ -317,6 +321,8 @@ impl<'a> Lowerer<'a> {
             ws: ws::WsMode::Off,
             ws_split: None,
             ws_lane0: None,
+            ws_barrier: None,
+            named: Default::default(),
             ws_once: Default::default(),
             ws_last_readers: Default::default(),
             wgmma_in_flight: false,
@@ -682,15 +688,12 @@ impl<'a> Lowerer<'a> {
     }
 
     /// The barrier that synchronizes the threads running this code: the CTA's, or after a
-    /// warp-specialization split the consumers' named barrier 1 (`lower/ws.rs`).
+    /// warp-specialization split the consumers' named barrier (`lower/ws.rs`; id 1, the
+    /// first [`NamedBarriers`](crate::back::ptx::sync::NamedBarriers) hands out).
     fn block_barrier_entity(&self) -> crate::back::ptx::sync::Barrier {
-        if self.ws == ws::WsMode::Consumer {
-            crate::back::ptx::sync::Barrier::Named {
-                id: 1,
-                threads: self.threads(),
-            }
-        } else {
-            crate::back::ptx::sync::Barrier::Cta
+        match (self.ws, self.ws_barrier) {
+            (ws::WsMode::Consumer, Some(b)) => b,
+            _ => crate::back::ptx::sync::Barrier::Cta,
         }
     }
 
@@ -1059,7 +1062,7 @@ impl<'a> Lowerer<'a> {
                         .and_then(|r| self.wgmma_plan(*a, *b, r, m));
                     match plan {
                         Some(plan) => {
-                            self.turns_before_dot(id);
+                            self.turns_before_dot(id, span)?;
                             self.lower_wgmma(id, *a, *acc, m, plan)?;
                             self.turns_after_dot(id, span)
                         }

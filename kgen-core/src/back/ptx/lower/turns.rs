@@ -15,17 +15,14 @@
 use super::{unsupported, Lowerer, R};
 use crate::back::ptx::isa::{Family, Inst, Operand, Reg, RegClass, Stmt};
 use crate::back::ptx::pingpong::Window;
+use crate::back::ptx::sync::Barrier;
 use crate::ir::InstId;
 use crate::span::Span;
 use std::collections::HashMap;
 
-/// The two turn barriers' ids: named barrier 1 is the consumers' block barrier
-/// (`lower/ws.rs`), so warpgroup w's turn is barrier `TURN_BASE + w`.
-pub const TURN_BASE: u32 = 2;
-
 /// Threads that take part in a turn: both consumer warpgroups (one syncs, the other
 /// arrives).
-const TURN_THREADS: i64 = 256;
+const TURN_THREADS: u32 = 256;
 
 /// The turn state of one lowering.
 #[derive(Clone, Debug, Default)]
@@ -34,6 +31,9 @@ pub struct Turns {
     pub plan: HashMap<InstId, Window>,
     /// Whether this thread is in warpgroup 1: made once in the prologue.
     second: Option<Reg>,
+    /// The two turn barriers, warpgroup 0's and 1's (named barriers over both
+    /// warpgroups, from the kernel's `NamedBarriers`), allocated at the first use.
+    barriers: Option<[Barrier; 2]>,
     /// Where the open window's sync stands in the body.
     open: Option<usize>,
     /// The planned loops being lowered (innermost last): the `for`, its induction
@@ -53,7 +53,7 @@ impl Lowerer<'_> {
     }
 
     fn taking_turns(&self) -> bool {
-        self.ws == super::ws::WsMode::Consumer && self.threads() == TURN_THREADS as u32
+        self.ws == super::ws::WsMode::Consumer && self.threads() == TURN_THREADS
     }
 
     /// The window of the innermost planned loop being lowered with turns.
@@ -79,45 +79,59 @@ impl Lowerer<'_> {
         r
     }
 
-    /// Warpgroup w waits on its turn barrier (`TURN_BASE + w`), as two predicated
-    /// instructions with immediate ids (a register id would make ptxas reserve all 16
-    /// barriers).
-    fn wait_turn(&mut self) {
-        let second = self.second_warpgroup();
-        for w in 0..2u32 {
-            self.turn(
-                Some((second, w == 0)),
-                "bar.sync",
-                Operand::Imm((TURN_BASE + w) as i64),
-            );
+    /// The turn barriers (allocated once), or an error when the kernel has used up the
+    /// 15 named barriers.
+    fn turn_barriers(&mut self, span: Span) -> R<[Barrier; 2]> {
+        if let Some(b) = self.turns.barriers {
+            return Ok(b);
         }
+        let warps = TURN_THREADS / 32;
+        let (Some(a), Some(b)) = (self.named.alloc(warps), self.named.alloc(warps)) else {
+            return Err(unsupported(
+                span,
+                "ping-pong needs two named barriers; none is left",
+            ));
+        };
+        self.turns.barriers = Some([a, b]);
+        Ok([a, b])
     }
 
-    fn turn(&mut self, guard: Option<(Reg, bool)>, opcode: &str, id: Operand) {
-        self.push(Stmt::Inst(Inst::turn(
-            guard,
-            opcode,
-            vec![id, Operand::Imm(TURN_THREADS)],
-        )));
+    /// Warpgroup w waits on its turn barrier, as two predicated instructions with
+    /// immediate ids (a register id would make ptxas reserve all 16 barriers).
+    fn wait_turn(&mut self, span: Span) -> R<()> {
+        let second = self.second_warpgroup();
+        let bars = self.turn_barriers(span)?;
+        for (w, b) in bars.into_iter().enumerate() {
+            self.turn(Some((second, w == 0)), "bar.sync", b.sync_operands());
+        }
+        Ok(())
+    }
+
+    fn turn(&mut self, guard: Option<(Reg, bool)>, opcode: &str, operands: Vec<i64>) {
+        let ops = operands.into_iter().map(Operand::Imm).collect();
+        self.push(Stmt::Inst(Inst::turn(guard, opcode, ops)));
     }
 
     /// Before planned loop `id` (induction variable `iv` from `lo`, below `up` by
     /// `st`): warpgroup 1 arrives on warpgroup 0's turn if the loop runs at all.
-    pub(super) fn turns_before_loop(&mut self, id: InstId, lo: Reg, iv: Reg, up: Reg, st: Reg) {
+    pub(super) fn turns_before_loop(
+        &mut self,
+        id: InstId,
+        (lo, iv, up, st): (Reg, Reg, Reg, Reg),
+        span: Span,
+    ) -> R<()> {
         if !self.turns.plan.contains_key(&id) || !self.taking_turns() {
-            return;
+            return Ok(());
         }
+        let [first, _] = self.turn_barriers(span)?;
         let second = self.second_warpgroup();
         let runs = self.op1(RegClass::Pred, "setp.lt.s32", vec![lo.into(), up.into()]);
         let go = self.op1(RegClass::Pred, "and.pred", vec![second.into(), runs.into()]);
         self.comment("ping-pong: warpgroup 0 issues first");
-        self.turn(
-            Some((go, false)),
-            "bar.arrive",
-            Operand::Imm(TURN_BASE as i64),
-        );
+        self.turn(Some((go, false)), "bar.arrive", first.sync_operands());
         self.turns.loops_open.push((id, iv, up, st));
         self.turns.loops += 1;
+        Ok(())
     }
 
     /// After planned loop `id`.
@@ -128,13 +142,14 @@ impl Lowerer<'_> {
     }
 
     /// Before `dot` `id`: the sync that opens a window, if `id` opens one.
-    pub(super) fn turns_before_dot(&mut self, id: InstId) {
+    pub(super) fn turns_before_dot(&mut self, id: InstId, span: Span) -> R<()> {
         if self.open_window().is_none_or(|w| w.first != id) {
-            return;
+            return Ok(());
         }
         self.comment("ping-pong: wait for this warpgroup's turn");
-        self.wait_turn();
+        self.wait_turn(span)?;
         self.turns.open = Some(self.body.len());
+        Ok(())
     }
 
     /// After `dot` `id`: the arrival that closes its window, if `id` closes one.
@@ -169,16 +184,9 @@ impl Lowerer<'_> {
         let next = self.op1(RegClass::B32, "add.s32", vec![iv.into(), st.into()]);
         let more = self.op1(RegClass::Pred, "setp.lt.s32", vec![next.into(), up.into()]);
         let go = self.op1(RegClass::Pred, "and.pred", vec![second.into(), more.into()]);
-        self.turn(
-            Some((second, true)),
-            "bar.arrive",
-            Operand::Imm(TURN_BASE as i64 + 1),
-        );
-        self.turn(
-            Some((go, false)),
-            "bar.arrive",
-            Operand::Imm(TURN_BASE as i64),
-        );
+        let [first, other] = self.turn_barriers(span)?;
+        self.turn(Some((second, true)), "bar.arrive", other.sync_operands());
+        self.turn(Some((go, false)), "bar.arrive", first.sync_operands());
         Ok(())
     }
 }

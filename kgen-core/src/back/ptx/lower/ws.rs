@@ -29,8 +29,8 @@
 //!   first use, not at once), so the product runs on through the work after it. With a
 //!   lag the previous iteration's slot is released after `wait_group 1`. A buffer filled
 //!   once outside every loop ([`fetched_once`]) is never released. Their block barriers
-//!   are named barrier 1 over the consumer threads (the producer never joins one after
-//!   the split).
+//!   are named barrier 1 over the consumer threads (the first the kernel's
+//!   `NamedBarriers` hands out; the producer never joins one after the split).
 //! - Registers: the producer warpgroup gives registers back (`setmaxnreg.dec` to
 //!   [`PRODUCER_REGS`]) and the consumers take them (`setmaxnreg.inc` to
 //!   [`CONSUMER_REGS`]), only for a block of 2 consumer warpgroups, whose total then
@@ -239,6 +239,7 @@ impl Lowerer<'_> {
             }
         }
         self.ws = WsMode::Consumer;
+        self.ws_barrier = self.named.alloc(self.num_warps);
         for buf in moved {
             self.alloc_shared_buf(buf);
         }
